@@ -1,0 +1,85 @@
+"""asyncbackends: one async protocol, one shared event loop and one request-gathering path for LLM backends.
+
+```python
+import asyncbackends as ab
+
+backend = ab.create_backend("vllm", model="path/to/model")
+results = ab.run_batch(backend, [ab.GenerationRequest("Hello")], progress=True)
+```
+
+Importing this package imports no engine: adapters import theirs when they are built.
+"""
+
+from .cache import ResponseCache
+from .errors import (
+    AsyncBackendsError,
+    AuthenticationError,
+    BackendBrokenError,
+    BackendClosedError,
+    BackendError,
+    BackendNotFoundError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    LoopError,
+    RateLimitedError,
+    RequestRejectedError,
+)
+from .gather import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, as_completed, gather, run_batch
+from .loop import LoopManager, get_loop_manager
+from .metrics import RunMetrics
+from .protocol import AsyncBackend, BaseBackend, Secret
+from .registry import acreate_backend, available_backends, create_backend, register_backend
+from .types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "AsyncBackend",
+    "AsyncBackendsError",
+    "AuthenticationError",
+    "BackendBrokenError",
+    "BackendClosedError",
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendTimeoutError",
+    "BackendUnavailableError",
+    "BaseBackend",
+    "Capabilities",
+    "Completion",
+    "GenerationRequest",
+    "GenerationResult",
+    "InvalidRequestError",
+    "LoglikelihoodRequest",
+    "LoglikelihoodResult",
+    "LoopError",
+    "LoopManager",
+    "RateLimit",
+    "RateLimitedError",
+    "RequestRejectedError",
+    "ResponseCache",
+    "RetryPolicy",
+    "RollingLoglikelihoodRequest",
+    "RunMetrics",
+    "SamplingParams",
+    "Secret",
+    "__version__",
+    "acreate_backend",
+    "as_completed",
+    "available_backends",
+    "create_backend",
+    "gather",
+    "get_loop_manager",
+    "register_backend",
+    "run_batch",
+]

@@ -1,0 +1,1 @@
+"""Built-in adapters, each imported only when `create_backend` builds it."""

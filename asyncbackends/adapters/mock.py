@@ -1,0 +1,196 @@
+"""`MockBackend` (name ``mock``): a deterministic, engine-free reference adapter.
+
+Its "model" reads one character as one token (token id = code point) and greedily echoes the prompt back,
+so tests can predict every output. Sampling (temperature > 0) shuffles the prompt's characters with a
+generator seeded from ``seed`` and the completion's index: the same seed gives the same samples. Latency,
+jitter and failures can be injected, and counters record what the backend saw (attempts, peak in-flight
+requests, cancellations), which makes it the backend of choice for tests, docs and dry runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Literal
+
+from ..errors import (
+    BackendBrokenError,
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
+from ..protocol import BaseBackend
+from ..types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+)
+
+__all__ = ["MockBackend"]
+
+FailureKind = Literal["rate_limited", "unavailable", "timeout", "rejected", "broken", "server"]
+_FAILURES: dict[str, type[BackendError]] = {
+    "rate_limited": RateLimitedError,
+    "unavailable": BackendUnavailableError,
+    "timeout": BackendTimeoutError,
+    "rejected": RequestRejectedError,
+    "broken": BackendBrokenError,
+    "server": BackendError,
+}
+
+
+def _token_logprob(previous: str, token: str) -> float:
+    # A fixed, made-up distribution: deterministic and always negative.
+    return -((ord(previous) * 31 + ord(token)) % 13 + 1) / 10
+
+
+class MockBackend(BaseBackend):
+    """The deterministic reference adapter.
+
+    Args:
+        latency: Seconds each attempt takes.
+        jitter: Extra seconds drawn uniformly from [0, jitter] per attempt.
+        failure_rate: Probability that an attempt fails with ``failure``.
+        fail_attempts: Every request's first ``fail_attempts`` attempts fail with ``failure``.
+        failure: Which error injected failures raise.
+        retry_after: ``retry_after`` of injected `RateLimitedError`.
+        seed: Seed of the failure and jitter generator.
+        max_concurrency: The concurrency hint reported in `capabilities`.
+        model: The model name reported in results and the fingerprint.
+    """
+
+    name = "mock"
+
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        jitter: float = 0.0,
+        failure_rate: float = 0.0,
+        fail_attempts: int = 0,
+        failure: FailureKind = "unavailable",
+        retry_after: float | None = None,
+        seed: int = 0,
+        max_concurrency: int | None = None,
+        model: str = "mock-echo",
+    ) -> None:
+        if latency < 0 or jitter < 0:
+            raise InvalidRequestError("latency and jitter must be >= 0")
+        if not 0 <= failure_rate <= 1:
+            raise InvalidRequestError(f"failure_rate must be in [0, 1], got {failure_rate!r}")
+        if failure not in _FAILURES:
+            raise InvalidRequestError(f"failure must be one of {sorted(_FAILURES)}, got {failure!r}")
+        self.latency, self.jitter = float(latency), float(jitter)
+        self.failure_rate, self.fail_attempts = failure_rate, fail_attempts
+        self.failure, self.retry_after = failure, retry_after
+        self.model = model
+        self._rng = random.Random(seed)
+        self.capabilities = Capabilities(
+            loglikelihood=True,
+            rolling_loglikelihood=True,
+            is_greedy=True,
+            n_samples=True,
+            seed=True,
+            chat=True,
+            token_ids=True,
+            logprobs=True,
+            stop=True,
+            max_concurrency=max_concurrency,
+        )
+        self.attempts: Counter[str | None] = Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.cancelled = 0
+        self.completed = 0
+
+    @property
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies this backend's outputs, for the response cache."""
+        return {"name": self.name, "model": self.model}
+
+    async def _attempt(self, key: str | None, request_id: str | None) -> None:
+        """Count the attempt, sleep the injected latency, then maybe fail."""
+        self._check_open(request_id)
+        self.attempts[key] += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+        failing = self.attempts[key] <= self.fail_attempts or (
+            self.failure_rate and self._rng.random() < self.failure_rate
+        )
+        if failing:
+            cls = _FAILURES[self.failure]
+            message = f"injected {self.failure} failure"
+            if cls is RateLimitedError:
+                raise RateLimitedError(message, retry_after=self.retry_after, backend=self.name, request_id=request_id)
+            raise cls(message, backend=self.name, request_id=request_id)
+        self.completed += 1
+
+    @staticmethod
+    def prompt_text(request: GenerationRequest) -> str:
+        """The text the mock echoes for a prompt: chat turns joined, token ids mapped to printable ASCII."""
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if request.prompt_kind == "tokens":
+            return "".join(chr(0x20 + t % 95) for t in prompt)  # type: ignore[operator]
+        return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)  # type: ignore[index]
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Echo the prompt (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
+        text = self.prompt_text(request)
+        await self._attempt(request.request_id or text, request.request_id)
+        params = request.params
+        completions = []
+        for index in range(params.n):
+            chars = list(text)
+            if not params.greedy:
+                seed = params.seed if params.seed is not None else random.getrandbits(64)
+                random.Random(f"{seed}:{index}").shuffle(chars)
+            out = "".join(chars[: params.max_tokens])
+            finish = "length" if len(chars) > params.max_tokens else "stop"
+            cut = min((out.find(s) for s in params.stop if s in out), default=-1)
+            if cut >= 0:
+                out, finish = out[:cut], "stop"
+            logprobs = None
+            if params.logprobs:
+                logprobs = tuple(_token_logprob(p, c) for p, c in zip(text[-1:] + out, out, strict=False))
+            completions.append(Completion(out, tuple(map(ord, out)), logprobs, finish))
+        return GenerationResult(request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model)
+
+    def _score(self, context: str, continuation: str) -> tuple[float, ...]:
+        previous = (context or "\n")[-1] + continuation[:-1]
+        return tuple(_token_logprob(p, c) for p, c in zip(previous, continuation, strict=True))
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score with the mock's fixed distribution; greedy means the continuation echoes the context."""
+        await self._attempt(request.request_id or request.context + request.continuation, request.request_id)
+        parts = self._score(request.context, request.continuation)
+        return LoglikelihoodResult(
+            request.request_id,
+            sum(parts),
+            is_greedy=request.context.startswith(request.continuation),
+            num_tokens=len(parts),
+            token_logprobs=parts,
+        )
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score the whole text, each character given the ones before it."""
+        await self._attempt(request.request_id or request.text, request.request_id)
+        parts = self._score("", request.text)
+        return LoglikelihoodResult(request.request_id, sum(parts), None, len(parts), parts)

@@ -1,0 +1,240 @@
+"""`LoopManager`: one daemon thread running one event loop for the whole process.
+
+vLLM's `AsyncLLM`, aiohttp sessions and asyncio locks all bind to the loop that created them, so a sync
+pipeline that calls `asyncio.run()` once per batch breaks on its second batch. Everything in this library
+runs on the manager's loop instead: sync callers block on `run`, coroutines on other loops await `arun`.
+
+The loop starts lazily on first use, uses uvloop when it is installed (set ``ASYNCBACKENDS_UVLOOP=0`` to
+opt out), stops at interpreter exit, and is replaced in a child process after ``fork``: a loop thread does
+not survive a fork, so the child builds its own on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from .errors import LoopError
+
+__all__ = ["LoopManager", "get_loop_manager"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# How long shutdown and Ctrl-C wait for cancelled work to finish its clean-up (aborting engine requests).
+_CLEANUP_TIMEOUT = 10.0
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    if os.environ.get("ASYNCBACKENDS_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+class LoopManager:
+    """Owns the shared event loop and its thread. Get the process-wide one with `get_loop_manager`.
+
+    Example:
+        ```python
+        manager = ab.get_loop_manager()
+        result = manager.run(backend.generate(request))  # blocks this thread, runs on the shared loop
+        ```
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._stopped = False
+        self._backends: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The shared loop, started on first access.
+
+        Raises:
+            LoopError: The manager was shut down, or this is a forked child using its parent's manager.
+        """
+        loop = self._loop
+        if loop is not None and self._pid == os.getpid() and not self._stopped:
+            return loop
+        with self._lock:
+            self._check_usable()
+            if self._loop is None:
+                self._start()
+            assert self._loop is not None
+            return self._loop
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop thread has started and not been shut down."""
+        return self._loop is not None and not self._stopped and self._pid == os.getpid()
+
+    def in_loop_thread(self) -> bool:
+        """Whether the calling thread is the shared loop's own thread."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def _check_usable(self) -> None:
+        if self._pid != os.getpid():
+            raise LoopError(
+                "this LoopManager belongs to the parent process; after fork call get_loop_manager() again"
+            )
+        if self._stopped:
+            raise LoopError("the loop manager was shut down; get_loop_manager() returns a fresh one")
+
+    def _start(self) -> None:
+        loop = _new_event_loop()
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            finally:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        thread = threading.Thread(target=serve, name="asyncbackends-loop", daemon=True)
+        thread.start()
+        ready.wait()
+        self._loop, self._thread = loop, thread
+
+    # -- running work ----------------------------------------------------------------------------------
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the shared loop and return a thread-safe future for its result.
+
+        Cancelling the future cancels the task on the loop.
+        """
+        try:
+            loop = self.loop
+        except LoopError:
+            coro.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the shared loop and block the calling thread until it finishes.
+
+        A ``KeyboardInterrupt`` while waiting cancels the work on the loop, waits for its clean-up (engine
+        requests aborted, connections closed) and re-raises, so a later `run` starts from a clean state.
+
+        Raises:
+            LoopError: Called from the loop's own thread (it would deadlock), or the manager is unusable.
+        """
+        if self.in_loop_thread():
+            coro.close()
+            raise LoopError(
+                "a blocking asyncbackends call (run, run_batch, create_backend) was made from the shared "
+                "loop's own thread, where it would deadlock; await the async form (gather, acreate_backend)"
+            )
+        finished = threading.Event()
+        future = self.submit(_signal_when_done(coro, finished))
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            if not finished.wait(_CLEANUP_TIMEOUT):
+                log.warning("work cancelled by Ctrl-C did not finish its clean-up in %ss", _CLEANUP_TIMEOUT)
+            raise
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the shared loop from any loop; cancelling the caller cancels the work."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(self.submit(coro))
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    def track(self, backend: Any) -> None:
+        """Remember a backend so `shutdown` closes it (held weakly: a dropped backend is not kept alive)."""
+        self._backends.add(backend)
+
+    def shutdown(self) -> None:
+        """Close tracked backends, cancel remaining work, stop the loop and join its thread. Idempotent."""
+        with self._lock:
+            if self._stopped or self._pid != os.getpid():
+                self._stopped = True
+                return
+            self._stopped = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if threading.current_thread() is thread:
+            loop.call_soon(loop.stop)
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._drain(), loop).result(_CLEANUP_TIMEOUT)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_CLEANUP_TIMEOUT)
+
+    async def _drain(self) -> None:
+        backends = list(self._backends)
+        if backends:
+            await asyncio.wait(
+                [asyncio.ensure_future(b.aclose()) for b in backends], timeout=_CLEANUP_TIMEOUT / 2
+            )
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLEANUP_TIMEOUT / 2)
+
+
+async def _signal_when_done(coro: Coroutine[Any, Any, T], finished: threading.Event) -> T:
+    try:
+        return await coro
+    finally:
+        finished.set()
+
+
+_manager: LoopManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_loop_manager() -> LoopManager:
+    """The process-wide `LoopManager`; a fresh one after a fork or after `LoopManager.shutdown`."""
+    global _manager
+    manager = _manager
+    if manager is not None and not manager._stopped and manager._pid == os.getpid():
+        return manager
+    with _manager_lock:
+        if _manager is None or _manager._stopped or _manager._pid != os.getpid():
+            _manager = LoopManager()
+        return _manager
+
+
+def _shutdown_at_exit() -> None:
+    if _manager is not None and _manager._pid == os.getpid():
+        _manager.shutdown()
+
+
+def _reset_after_fork() -> None:
+    # The loop thread does not exist in the child; its lock may be held by a thread that no longer exists.
+    global _manager, _manager_lock
+    _manager_lock = threading.Lock()
+    _manager = None
+
+
+atexit.register(_shutdown_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

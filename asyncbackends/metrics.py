@@ -1,0 +1,115 @@
+"""`RunMetrics`: what one gathering run did, filled in by `gather` as it goes.
+
+Pass one to `gather(..., metrics=m)` (or `run_batch`) and read it afterwards, or watch it live through
+``on_update``; the CLI prints its `summary`. It depends on nothing: export it wherever you like.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunMetrics"]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    # Nearest-rank on the sorted list: simple, and exact for the sizes an eval run produces.
+    k = max(0, min(len(sorted_values) - 1, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+@dataclass
+class RunMetrics:
+    """Counters and latencies of one run.
+
+    Attributes:
+        requests: Requests in the run.
+        successes: Requests that ended in a result (cache hits included).
+        cache_hits: Results read from the cache instead of sent.
+        retries: Attempts beyond each request's first.
+        errors: Failed requests by error type name.
+        prompt_tokens: Prompt tokens over all results that reported them.
+        completion_tokens: Generated tokens over all results.
+        on_update: Called with this object after each finished request (progress postfix, exporters).
+    """
+
+    requests: int = 0
+    successes: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    on_update: Callable[[RunMetrics], None] | None = None
+    started: float | None = None
+    finished: float | None = None
+    _latencies: array[float] = field(default_factory=lambda: array("d"))
+    _queue_times: array[float] = field(default_factory=lambda: array("d"))
+
+    def _record_latency(self, seconds: float, queued: float) -> None:
+        self._latencies.append(seconds)
+        self._queue_times.append(queued)
+
+    @property
+    def failed(self) -> int:
+        """Requests that ended in an error."""
+        return sum(self.errors.values())
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the run's start to its end (or to now while it runs)."""
+        if self.started is None:
+            return 0.0
+        return (self.finished if self.finished is not None else time.perf_counter()) - self.started
+
+    def summary(self) -> dict[str, Any]:
+        """A plain dict of the run: counts, rates, latency p50/p95/p99 (seconds) and time in queue."""
+        latencies = sorted(self._latencies)
+        queued = sorted(self._queue_times)
+        elapsed = self.elapsed
+        done = self.successes + self.failed
+        return {
+            "requests": self.requests,
+            "successes": self.successes,
+            "failed": self.failed,
+            "errors": dict(self.errors),
+            "retries": self.retries,
+            "cache_hits": self.cache_hits,
+            "elapsed_s": elapsed,
+            "requests_per_s": done / elapsed if elapsed > 0 else None,
+            "latency_p50_s": _percentile(latencies, 50),
+            "latency_p95_s": _percentile(latencies, 95),
+            "latency_p99_s": _percentile(latencies, 99),
+            "queue_p50_s": _percentile(queued, 50),
+            "queue_p95_s": _percentile(queued, 95),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
+        }
+
+    def format(self) -> str:
+        """A few human-readable lines of `summary`, as the CLI prints them."""
+        s = self.summary()
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1000:.1f} ms"
+
+        rate = "-" if s["requests_per_s"] is None else f"{s['requests_per_s']:.1f} req/s"
+        tps = "-" if s["completion_tokens_per_s"] is None else f"{s['completion_tokens_per_s']:.1f} tok/s"
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
+        return "\n".join(
+            [
+                f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
+                f"retries: {s['retries']}  cache hits: {s['cache_hits']}",
+                f"errors: {errors}",
+                f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",
+                f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
+                f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
+            ]
+        )
