@@ -11,12 +11,18 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from .cache import ResponseCache, open_cache
-from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError, RateLimitedError
+from .errors import (
+    AsyncBackendsError,
+    BackendError,
+    BackendTimeoutError,
+    InvalidRequestError,
+    RateLimitedError,
+)
 from .loop import get_loop_manager
 from .metrics import RunMetrics
 from .protocol import AsyncBackend
@@ -69,9 +75,9 @@ class RetryPolicy:
 
     def delay(self, failed_attempt: int, error: BaseException, rng: random.Random | None = None) -> float:
         """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed with ``error``."""
-        delay = min(self.max_delay, self.initial_delay * 2 ** (failed_attempt - 1))
+        delay = float(min(self.max_delay, self.initial_delay * 2.0 ** (failed_attempt - 1)))
         if self.jitter:
-            delay = (rng or random).uniform(0, delay)
+            delay = float((rng or random).uniform(0, delay))
         if isinstance(error, RateLimitedError) and error.retry_after is not None:
             delay = max(delay, min(error.retry_after, self.max_delay))
         return delay
@@ -122,12 +128,13 @@ class _TokenBucket:
 def _estimated_tokens(request: Request) -> float:
     if isinstance(request, GenerationRequest):
         prompt = request.prompt
+        size: float
         if isinstance(prompt, str):
             size = len(prompt) / 4
         elif request.prompt_kind == "tokens":
             size = len(prompt)
         else:
-            size = sum(len(m.get("content", "")) for m in prompt) / 4  # type: ignore[union-attr]
+            size = sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, Mapping)) / 4
         return size + request.params.max_tokens * request.params.n
     if isinstance(request, LoglikelihoodRequest):
         return (len(request.context) + len(request.continuation)) / 4 + 1
@@ -424,7 +431,8 @@ async def as_completed(
 ) -> AsyncIterator[tuple[int, Any]]:
     """Yield ``(index, outcome)`` as each request finishes, whatever the order; same arguments as `gather`.
 
-    Stopping the iteration early (``break``) cancels the requests still in flight.
+    Closing the iterator cancels the requests still in flight. A ``break`` alone leaves the closing to the
+    garbage collector; wrap the call in ``contextlib.aclosing(...)`` to cancel at once.
 
     Raises:
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
@@ -453,7 +461,9 @@ async def as_completed(
                 if not getter.done():
                     getter.cancel()
                     task.result()
-                    raise AssertionError("gathering engine ended before yielding every result")  # pragma: no cover
+                    raise AssertionError(
+                        "gathering engine ended before yielding every result"
+                    )  # pragma: no cover
                 yield getter.result()
             else:
                 yield queue.get_nowait()

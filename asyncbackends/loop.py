@@ -146,8 +146,13 @@ class LoopManager:
                 "a blocking asyncbackends call (run, run_batch, create_backend) was made from the shared "
                 "loop's own thread, where it would deadlock; await the async form (gather, acreate_backend)"
             )
+        try:
+            loop = self.loop
+        except LoopError:
+            coro.close()
+            raise
         finished = threading.Event()
-        future = self.submit(_signal_when_done(coro, finished))
+        future = asyncio.run_coroutine_threadsafe(_signal_when_done(coro, finished), loop)
         try:
             return future.result()
         except KeyboardInterrupt:

@@ -82,7 +82,9 @@ class BaseBackend:
         """See `AsyncBackend.loglikelihood`; the default refuses, for backends that cannot score."""
         self._check_open()
         raise RequestRejectedError(
-            f"backend {self.name!r} does not support loglikelihood", backend=self.name, request_id=request.request_id
+            f"backend {self.name!r} does not support loglikelihood",
+            backend=self.name,
+            request_id=request.request_id,
         )
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:

@@ -175,7 +175,9 @@ def _check_signature(name: str, factory: Any, options: Mapping[str, Any]) -> Non
 
 
 def _check_protocol(name: str, backend: Any) -> None:
-    missing = [m for m in ("name", "capabilities", "generate", "loglikelihood", "aclose") if not hasattr(backend, m)]
+    missing = [
+        m for m in ("name", "capabilities", "generate", "loglikelihood", "aclose") if not hasattr(backend, m)
+    ]
     if missing:
         raise TypeError(f"backend {name!r} built a {type(backend).__name__} without {', '.join(missing)}")
 

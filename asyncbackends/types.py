@@ -124,7 +124,8 @@ def _normalise_prompt(prompt: object) -> Prompt:
         return prompt
     if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
         raise InvalidRequestError(
-            f"prompt must be a str, a list of chat messages or a list of token ids, got {type(prompt).__name__}"
+            "prompt must be a str, a list of chat messages or a list of token ids, "
+            f"got {type(prompt).__name__}"
         )
     if len(prompt) == 0:
         raise InvalidRequestError("prompt must not be empty")

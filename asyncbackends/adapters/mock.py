@@ -137,7 +137,9 @@ class MockBackend(BaseBackend):
             cls = _FAILURES[self.failure]
             message = f"injected {self.failure} failure"
             if cls is RateLimitedError:
-                raise RateLimitedError(message, retry_after=self.retry_after, backend=self.name, request_id=request_id)
+                raise RateLimitedError(
+                    message, retry_after=self.retry_after, backend=self.name, request_id=request_id
+                )
             raise cls(message, backend=self.name, request_id=request_id)
         self.completed += 1
 
@@ -171,7 +173,9 @@ class MockBackend(BaseBackend):
             if params.logprobs:
                 logprobs = tuple(_token_logprob(p, c) for p, c in zip(text[-1:] + out, out, strict=False))
             completions.append(Completion(out, tuple(map(ord, out)), logprobs, finish))
-        return GenerationResult(request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model)
+        return GenerationResult(
+            request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model
+        )
 
     def _score(self, context: str, continuation: str) -> tuple[float, ...]:
         previous = (context or "\n")[-1] + continuation[:-1]

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import asyncbackends as ab
+
+
+async def _loop_and_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    return asyncio.get_running_loop(), threading.current_thread()
+
+
+def test_one_manager_one_loop_reused() -> None:
+    manager = ab.get_loop_manager()
+    assert ab.get_loop_manager() is manager
+    loop1, thread1 = manager.run(_loop_and_thread())
+    loop2, thread2 = manager.run(_loop_and_thread())
+    assert loop1 is loop2 is manager.loop
+    assert thread1 is thread2 and thread1 is not threading.current_thread() and thread1.daemon
+
+
+def test_submit_returns_a_concurrent_future() -> None:
+    future = ab.get_loop_manager().submit(_loop_and_thread())
+    loop, _ = future.result(timeout=5)
+    assert loop is ab.get_loop_manager().loop
+
+
+def test_arun_from_a_foreign_loop_runs_on_the_shared_loop() -> None:
+    async def main() -> tuple[asyncio.AbstractEventLoop, asyncio.AbstractEventLoop]:
+        here = asyncio.get_running_loop()
+        there, _ = await ab.get_loop_manager().arun(_loop_and_thread())
+        return here, there
+
+    here, there = asyncio.run(main())
+    assert there is ab.get_loop_manager().loop and here is not there
+
+
+def test_blocking_call_from_the_loop_thread_raises_loop_error() -> None:
+    manager = ab.get_loop_manager()
+
+    async def nested() -> str:
+        async def inner() -> int:
+            return 1
+
+        try:
+            manager.run(inner())
+        except ab.LoopError as exc:
+            return str(exc)
+        return "no error"
+
+    message = manager.run(nested())
+    assert "deadlock" in message
+
+
+def test_blocking_create_backend_from_the_loop_thread_raises() -> None:
+    async def nested() -> type[BaseException] | None:
+        try:
+            ab.create_backend("mock")
+        except ab.LoopError as exc:
+            return type(exc)
+        return None
+
+    assert ab.get_loop_manager().run(nested()) is ab.LoopError
+
+
+def test_shutdown_is_idempotent_and_a_fresh_manager_follows() -> None:
+    manager = ab.LoopManager()
+    loop, thread = manager.run(_loop_and_thread())
+    manager.shutdown()
+    manager.shutdown()
+    thread.join(5)
+    assert not thread.is_alive() and loop.is_closed()
+
+    async def noop() -> None:
+        return None
+
+    with pytest.raises(ab.LoopError, match="shut down"):
+        manager.run(noop())
+
+
+def test_shutdown_closes_tracked_backends() -> None:
+    manager = ab.LoopManager()
+    backend = ab.create_backend("mock")
+    manager.track(backend)
+    manager.run(backend.generate(ab.GenerationRequest("x")))
+    manager.shutdown()
+    assert backend.closed  # type: ignore[attr-defined]
+
+
+def _child_uses_fresh_manager(parent_loop_id: int, queue: multiprocessing.Queue[object]) -> None:
+    manager = ab.get_loop_manager()
+    loop, _ = manager.run(_loop_and_thread())
+    backend = ab.create_backend("mock")
+    result = ab.run_batch(backend, [ab.GenerationRequest("fork")])
+    queue.put((id(loop) != parent_loop_id or os.getpid(), result[0].text))
+
+
+def test_child_after_fork_gets_a_fresh_working_manager() -> None:
+    manager = ab.get_loop_manager()
+    parent_loop, _ = manager.run(_loop_and_thread())
+    ctx = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[object] = ctx.Queue()
+    process = ctx.Process(target=_child_uses_fresh_manager, args=(id(parent_loop), queue))
+    process.start()
+    fresh, text = queue.get(timeout=30)  # type: ignore[misc]
+    process.join(30)
+    assert process.exitcode == 0 and fresh and text == "fork"
+
+
+def test_parent_manager_object_refuses_use_in_a_forked_child() -> None:
+    manager = ab.get_loop_manager()
+    manager.run(_loop_and_thread())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the parent's manager object must refuse, not hang
+        try:
+            manager.run(_loop_and_thread())
+            code = 1
+        except ab.LoopError:
+            code = 0
+        except BaseException:
+            code = 2
+        os.write(write, bytes([code]))
+        os._exit(0)
+    os.close(write)
+    code = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert code == bytes([0])
+
+
+def test_ctrl_c_during_run_batch_cancels_in_flight_requests() -> None:
+    # A real SIGINT in a real process: in-flight requests are cancelled, KeyboardInterrupt reaches the
+    # caller, and a second run_batch afterwards works (the notebook case).
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        import asyncbackends as ab
+
+        backend = ab.create_backend("mock", latency=30)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            ab.run_batch(backend, [ab.GenerationRequest(str(i)) for i in range(20)], concurrency=8)
+        except KeyboardInterrupt:
+            print("interrupted", backend.cancelled, backend.in_flight)
+        quick = ab.create_backend("mock")
+        print("again", ab.run_batch(quick, [ab.GenerationRequest("ok")])[0].text)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0] == "interrupted 8 0"
+    assert lines[1] == "again ok"
+
+
+def test_process_exits_cleanly_with_a_live_loop() -> None:
+    script = "import asyncbackends as ab; b = ab.create_backend('mock'); print(ab.run_batch(b, [ab.GenerationRequest('x')])[0].text)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "x" and done.stderr == ""
