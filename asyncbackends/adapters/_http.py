@@ -1,0 +1,288 @@
+"""HTTP plumbing shared by the HTTP adapters (tgi, and later openai and endpoints).
+
+One `HTTPTransport` per backend owns one aiohttp session, created lazily on the loop that first sends
+(the shared loop, since `gather` runs there), with a connection pool sized for the concurrency in use.
+It sends one request and returns status, headers and body; it never retries (`gather` does). The helpers
+below map HTTP statuses, ``Retry-After`` and aiohttp's exceptions onto the library's error tree, so every
+HTTP adapter reports the same failure the same way. The bearer token lives in a `Secret`, is written into
+the session's default headers only, and never appears in a message, repr or log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..errors import (
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
+from ..protocol import Secret
+
+__all__ = [
+    "HTTPResponse",
+    "HTTPTransport",
+    "error_for_status",
+    "error_from_exception",
+    "error_message",
+    "parse_retry_after",
+    "resolve_token",
+]
+
+# A body quoted in an error message is cut here: a proxy's HTML error page must not flood the logs.
+_MAX_QUOTED = 500
+
+
+def resolve_token(token: str | Secret | bool | None) -> Secret:
+    """The token to send: the one given, else the one huggingface_hub finds; ``False`` sends none.
+
+    Args:
+        token: A token, a `Secret`, ``None`` to look one up with ``huggingface_hub.get_token()``, or
+            ``False`` (or ``""``) to send no ``Authorization`` header at all.
+    """
+    if isinstance(token, Secret):
+        return token
+    if token is False:
+        return Secret("")
+    if token is None or token is True:
+        from huggingface_hub import get_token
+
+        return Secret(get_token() or "")
+    if not isinstance(token, str):
+        raise InvalidRequestError(f"token must be a str, a Secret, None or False, got {type(token).__name__}")
+    return Secret(token)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date; ``None`` if unusable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):  # NaN or infinite: ignore it
+        return None
+    return max(0.0, seconds)
+
+
+def error_message(body: bytes | str) -> str:
+    """The human part of an error body.
+
+    TGI's ``{"error": ...}``, OpenAI's ``{"error": {"message": ...}}``, FastAPI's ``{"detail": ...}``, or
+    the plain text, cut to a sane length.
+    """
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = text.strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, Mapping):
+        error = data.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+        if "detail" in data:
+            return str(data["detail"])
+    if len(text) > _MAX_QUOTED:
+        text = text[:_MAX_QUOTED] + "..."
+    return text or "(empty body)"
+
+
+def error_for_status(
+    status: int,
+    body: bytes | str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    backend: str,
+    request_id: str | None = None,
+) -> BackendError:
+    """The library error for a non-2xx HTTP response.
+
+    401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); other 4xx ->
+    `RequestRejectedError` (never retried; 408 and 425 excepted: those are retryable timeouts); 502, 503 and
+    504 -> `BackendUnavailableError`; any other status (424, 500...) -> a retryable `BackendError`.
+    """
+    message = f"HTTP {status}: {error_message(body)}"
+    kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
+    if status == 429:
+        retry_after = parse_retry_after((headers or {}).get("Retry-After"))
+        return RateLimitedError(message, retry_after=retry_after, **kwargs)
+    if status in (401, 403):
+        return AuthenticationError(message, **kwargs)
+    if status in (408, 425):
+        return BackendTimeoutError(message, **kwargs)
+    if 400 <= status < 500:
+        return RequestRejectedError(message, **kwargs)
+    if status in (502, 503, 504):
+        return BackendUnavailableError(message, **kwargs)
+    return BackendError(message, **kwargs)
+
+
+def error_from_exception(exc: BaseException, *, backend: str, request_id: str | None = None) -> BackendError:
+    """The library error for an exception aiohttp raised while sending or reading (the caller chains it).
+
+    Timeouts -> `BackendTimeoutError`; refused, reset or dropped connections -> `BackendUnavailableError`
+    (both retryable); a response that cannot be parsed -> a retryable `BackendError`.
+    """
+    kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return BackendTimeoutError(f"HTTP request timed out ({type(exc).__name__})", **kwargs)
+    if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError)):
+        return BackendUnavailableError(f"connection failed: {type(exc).__name__}: {detail}", **kwargs)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return BackendUnavailableError(f"response cut short: {detail}", **kwargs)
+    return BackendError(f"HTTP client error: {type(exc).__name__}: {detail}", **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPResponse:
+    """A complete HTTP response: status, headers (case-insensitive) and the raw body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON."""
+        return json.loads(self.body)
+
+
+class HTTPTransport:
+    """One aiohttp session for one backend: base URL, default headers, pool size, per-request timeout.
+
+    Args:
+        base_url: Scheme, host, port and optional path prefix; request paths are appended to it.
+        backend: The adapter's name, for error messages.
+        token: Sent as ``Authorization: Bearer ...`` when non-empty.
+        headers: Extra headers sent with every request.
+        timeout: Seconds allowed for one whole request (connect, send, read); ``None`` for no limit.
+        max_connections: Size of the connection pool (0 for unlimited).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        backend: str,
+        token: Secret | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_connections: int = 256,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise InvalidRequestError(f"url must start with http:// or https://, got {base_url!r}")
+        if timeout is not None and not timeout > 0:
+            raise InvalidRequestError(f"timeout must be > 0 or None, got {timeout!r}")
+        if not isinstance(max_connections, int) or max_connections < 0:
+            raise InvalidRequestError(f"max_connections must be an int >= 0, got {max_connections!r}")
+        self.base_url = base_url.rstrip("/")
+        self.backend = backend
+        self._extra_headers = dict(headers or {})
+        lowered = {k.lower() for k in self._extra_headers}
+        if "authorization" in lowered:
+            # A caller-supplied Authorization header is a secret too: move it out of the plain dict.
+            key = next(k for k in self._extra_headers if k.lower() == "authorization")
+            self._auth_header = Secret(self._extra_headers.pop(key))
+        else:
+            self._auth_header = Secret(f"Bearer {token.get_secret_value()}" if token else "")
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"HTTPTransport({self.base_url!r}, backend={self.backend!r})"
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        headers = {"Accept": "application/json", **self._extra_headers}
+        if self._auth_header:
+            headers["Authorization"] = self._auth_header.get_secret_value()
+        # limit_per_host equals limit: every request goes to the one host, so the pool is the bound.
+        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        # raise_for_status stays off: statuses are mapped by error_for_status with the body in hand.
+        return aiohttp.ClientSession(
+            connector=connector, headers=headers, timeout=timeout, json_serialize=_dumps, trust_env=False
+        )
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session, created on first use on the running loop."""
+        if self._session is None or self._session.closed:
+            self._session = self._new_session()
+            self._loop = asyncio.get_running_loop()
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> HTTPResponse:
+        """Send one request and read the whole response; never raises for a status.
+
+        Raises:
+            BackendTimeoutError: The request took longer than the timeout.
+            BackendUnavailableError: The connection failed or dropped.
+            BackendError: Anything else aiohttp raised.
+        """
+        kwargs: dict[str, Any] = {}
+        if json_body is not None:
+            # Encoded here rather than by aiohttp's json= so the compact separators are ours to choose.
+            kwargs["data"] = _dumps(json_body).encode()
+            kwargs["headers"] = _JSON_CONTENT
+        if timeout is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
+        try:
+            async with self.session.request(method, self.base_url + path, **kwargs) as resp:
+                body = await resp.read()
+                return HTTPResponse(resp.status, resp.headers, body)
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+
+    async def aclose(self) -> None:
+        """Close the session and its pool (idempotent)."""
+        session, self._session = self._session, None
+        if session is None or session.closed:
+            return
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
+            await session.close()
+        else:
+            # aclose() awaited from another loop: the pool belongs to the session's loop, close it there.
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+
+
+_JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

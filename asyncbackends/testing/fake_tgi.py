@@ -1,0 +1,505 @@
+"""`FakeTGIServer`: a text-generation-inference look-alike on aiohttp.web, for tests and benchmarks.
+
+It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``/tokenize``,
+``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
+status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
+latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
+connections and hangs; counters record attempts per input and the peak of requests in flight; with
+``check_schema`` every request and response is validated against the OpenAPI spec and any violation kept
+in `schema_violations`.
+
+Inside a test:
+
+```python
+async with FakeTGIServer(latency=0.01) as server:
+    backend = ab.create_backend("tgi", url=server.url)
+```
+
+In its own process (benchmarks): ``python -m asyncbackends.testing.fake_tgi --latency 0.02``, which prints
+``listening on http://127.0.0.1:PORT`` once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from . import openapi
+from .fake_tgi_model import FakeModel, Generation
+from .fake_tgi_validation import Limits, ValidRequest, WireError, deserialize_parameters, parse_body
+from .fake_tgi_validation import validate_generate as _validate
+
+__all__ = ["FakeTGIServer", "Limits", "main"]
+
+_FINISH_OPENAI = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FakeTGIServer:
+    """A TGI look-alike listening on ``host`` (loopback) at ``port`` (0 picks a free one).
+
+    Args:
+        limits: The router's limits (`Limits`): input/total tokens, best_of, stop sequences, concurrency.
+        latency: Seconds each generation takes before it answers.
+        jitter: Extra seconds drawn uniformly from [0, jitter] per generation.
+        rate_429: Probability a generation answers 429 "Model is overloaded".
+        rate_503: Probability it answers a proxy's 503.
+        rate_424: Probability it answers 424 "Request failed during generation".
+        drop_rate: Probability the connection is dropped without an answer.
+        hang_rate: Probability it never answers (until the client gives up or the server stops).
+        fail_attempts: Each input's first ``fail_attempts`` attempts fail with ``failure``.
+        failure: What those failures are: 429, 503, 424, 500, ``"drop"`` or ``"hang"``.
+        retry_after: A ``Retry-After`` header value for 429s (TGI sends none; proxies do).
+        ready_after: Seconds after start during which ``GET /health`` answers 503.
+        legacy_info: Report ``max_input_length`` in ``/info`` as TGI < 2.0 did, not ``max_input_tokens``.
+        check_schema: Validate every exchange against the OpenAPI spec (violations in `schema_violations`).
+        record: Keep every request body in `received` (path, body).
+        seed: Seed of the failure-injection and jitter generator.
+        host: Address to listen on.
+        port: Port to listen on; 0 picks a free one (read `url` after start).
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        latency: float = 0.0,
+        jitter: float = 0.0,
+        rate_429: float = 0.0,
+        rate_503: float = 0.0,
+        rate_424: float = 0.0,
+        drop_rate: float = 0.0,
+        hang_rate: float = 0.0,
+        fail_attempts: int = 0,
+        failure: int | str = 503,
+        retry_after: str | None = None,
+        ready_after: float = 0.0,
+        legacy_info: bool = False,
+        check_schema: bool = True,
+        record: bool = True,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.latency, self.jitter = latency, jitter
+        self.rates = {429: rate_429, 503: rate_503, 424: rate_424, "drop": drop_rate, "hang": hang_rate}
+        self.fail_attempts, self.failure, self.retry_after = fail_attempts, failure, retry_after
+        self.ready_after, self.legacy_info = ready_after, legacy_info
+        self.check_schema, self.record = check_schema, record
+        self.host, self.port = host, port
+        self.model = FakeModel()
+        self.healthy = True
+        self._rng = random.Random(seed)
+        self.attempts: Counter[str] = Counter()
+        self.statuses: Counter[int] = Counter()
+        self.paths: Counter[str] = Counter()
+        self.received: list[tuple[str, Any]] = []
+        self.schema_violations: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._runner: web.AppRunner | None = None
+        self._started = 0.0
+        self._stopping: asyncio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The server root, for example ``http://127.0.0.1:41234``."""
+        return f"http://{self.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes only; `start` serves it)."""
+        app = web.Application(client_max_size=self.limits.payload_limit + 1024)
+        post = {
+            "/": self._compat,
+            "/generate": self._generate,
+            "/generate_stream": self._generate_stream,
+            "/tokenize": self._tokenize,
+            "/v1/chat/completions": self._chat,
+        }
+        for path, handler in post.items():
+            app.router.add_post(path, handler)
+        app.router.add_get("/info", self._info)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> FakeTGIServer:
+        """Start listening; `url` is valid afterwards."""
+        self._stopping = asyncio.Event()
+        # handler_cancellation: a client that gives up cancels its handler (hung requests end with it).
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        server: Any = site._server
+        if server is not None and getattr(server, "sockets", None):
+            self.port = server.sockets[0].getsockname()[1]
+        self._started = time.monotonic()
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening and drop every open connection (a server that goes away)."""
+        if self._stopping is not None:
+            self._stopping.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> FakeTGIServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _reply(
+        self, path: str, status: int, body: Any, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        self.statuses[status] += 1
+        if self.check_schema and not (path == "/info" and self.legacy_info):
+            method = "get" if path in ("/info", "/health") else "post"
+            for problem in openapi.response_errors(path, status, body, method=method):
+                self.schema_violations.append(f"response {status} {path}: {problem}")
+        text = json.dumps(body, separators=(",", ":"), allow_nan=False)
+        return web.Response(status=status, text=text, content_type="application/json", headers=headers)
+
+    def _error(self, path: str, err: WireError, headers: dict[str, str] | None = None) -> web.Response:
+        if not err.text:
+            return self._reply(path, err.status, err.body, headers)
+        # Plain-text errors come from the HTTP framework or a proxy, outside the spec: not schema-checked.
+        self.statuses[err.status] += 1
+        return web.Response(status=err.status, text=err.body, content_type="text/plain", headers=headers)
+
+    async def _body(self, request: web.Request, path: str) -> Any:
+        self.paths[path] += 1
+        raw = await request.read()
+        body = parse_body(request.headers.get("Content-Type", ""), raw, self.limits.payload_limit)
+        if self.record:
+            self.received.append((path, body))
+        if self.check_schema:
+            self.schema_violations.extend(f"request {path}: {e}" for e in openapi.request_errors(path, body))
+        return body
+
+    async def _guarded(
+        self, request: web.Request, path: str, run: Callable[[Any, str], Awaitable[Any]]
+    ) -> Any:
+        """Parse, count, bound concurrency, inject failures, then ``run(body)``; errors become responses."""
+        try:
+            body = await self._body(request, path)
+            key = body.get("inputs") if isinstance(body, dict) else None
+            key = key if isinstance(key, str) else json.dumps(body, sort_keys=True)
+            self.attempts[key] += 1
+            if self.in_flight >= self.limits.max_concurrent_requests:
+                raise WireError.json_error(429, "Model is overloaded", "overloaded")
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await run(body, key)
+            finally:
+                self.in_flight -= 1
+        except WireError as err:
+            headers = {"Retry-After": self.retry_after} if err.status == 429 and self.retry_after else None
+            return self._error(path, err, headers)
+
+    async def _inject(self, request: web.Request, key: str) -> None:
+        """Maybe fail this attempt, as configured; then sleep the latency."""
+        failure: Any = None
+        if self.attempts[key] <= self.fail_attempts:
+            failure = self.failure
+        else:
+            for kind, rate in self.rates.items():
+                if rate and self._rng.random() < rate:
+                    failure = kind
+                    break
+        if failure == "drop":
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError  # the connection is gone: nothing to answer
+        if failure == "hang":
+            assert self._stopping is not None
+            await self._stopping.wait()
+            raise asyncio.CancelledError
+        if failure == 429:
+            raise WireError.json_error(429, "Model is overloaded", "overloaded")
+        if failure == 424:
+            raise WireError.json_error(
+                424, "Request failed during generation: injected failure", "generation"
+            )
+        if failure == 500:
+            raise WireError.json_error(500, "Incomplete generation", "incomplete_generation")
+        if failure == 503:
+            raise WireError(503, "503 Service Unavailable (injected by a proxy)", text=True)
+        delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
+        if delay:
+            await asyncio.sleep(delay)
+
+    def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
+        params = deserialize_parameters(body, extra={"stream": "bool", "add_special_tokens": "bool"})
+        return _validate(body["inputs"], params, self.limits, self.model.num_tokens, stream=stream)
+
+    def _run_model(self, req: ValidRequest, seed: int | None = None) -> Generation:
+        return self.model.generate(
+            req.inputs,
+            max_new_tokens=req.max_new_tokens,
+            do_sample=req.do_sample,
+            seed=req.seed if seed is None else seed,
+            stop=req.stop,
+            truncate=req.truncate,
+        )
+
+    @staticmethod
+    def _tokens(gen: Generation) -> list[dict[str, Any]]:
+        return [{"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special} for t in gen.tokens]
+
+    def _details(self, req: ValidRequest, gen: Generation) -> dict[str, Any]:
+        prefill = []
+        if req.decoder_input_details:
+            prefill = [
+                {"id": t.id, "text": t.text, "logprob": t.logprob} for t in self.model.prefill(req.inputs)
+            ]
+        return {
+            "finish_reason": gen.finish_reason,
+            "generated_tokens": len(gen.tokens),
+            "seed": gen.seed,
+            "prefill": prefill,
+            "tokens": self._tokens(gen),
+            "top_tokens": [],
+        }
+
+    def _headers(self, req: ValidRequest, gen: Generation, started: float) -> dict[str, str]:
+        total_ms = str(int((time.monotonic() - started) * 1000))
+        return {
+            "x-compute-type": "cpu+fake",
+            "x-compute-time": total_ms,
+            "x-compute-characters": str(len(req.inputs)),
+            "x-total-time": total_ms,
+            "x-validation-time": "0",
+            "x-queue-time": "0",
+            "x-inference-time": total_ms,
+            "x-time-per-token": str(int(total_ms) // max(1, len(gen.tokens))),
+            "x-prompt-tokens": str(req.input_length),
+            "x-generated-tokens": str(len(gen.tokens)),
+            "x-total-tokens": str(req.input_length + len(gen.tokens)),
+        }
+
+    async def _one_generation(
+        self, request: web.Request, body: Any, key: str
+    ) -> tuple[ValidRequest, Generation, Any]:
+        started = time.monotonic()
+        req = self._validate(body)
+        await self._inject(request, key)
+        gen = self._run_model(req)
+        text = req.inputs + gen.text if req.return_full_text else gen.text
+        response: dict[str, Any] = {"generated_text": text}
+        if req.details:
+            details = self._details(req, gen)
+            if req.best_of > 1:
+                others = [
+                    self._run_model(req, seed=self._rng.getrandbits(63)) for _ in range(req.best_of - 1)
+                ]
+                details["best_of_sequences"] = [
+                    {**self._details(req, g), "generated_text": g.text} for g in others
+                ]
+            response["details"] = details
+        return req, gen, (response, self._headers(req, gen, started))
+
+    # -- routes --------------------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        async def run(body: Any, key: str) -> web.StreamResponse:
+            _, _, (response, headers) = await self._one_generation(request, body, key)
+            return self._reply("/generate", 200, response, headers)
+
+        result: web.StreamResponse = await self._guarded(request, "/generate", run)
+        return result
+
+    async def _compat(self, request: web.Request) -> web.StreamResponse:
+        async def run(body: Any, key: str) -> web.StreamResponse:
+            if isinstance(body, dict) and body.get("stream") is True:
+                return await self._stream(request, body, "/", key)
+            _, _, (response, headers) = await self._one_generation(request, body, key)
+            return self._reply("/", 200, [response], headers)
+
+        result: web.StreamResponse = await self._guarded(request, "/", run)
+        return result
+
+    async def _generate_stream(self, request: web.Request) -> web.StreamResponse:
+        async def run(body: Any, key: str) -> web.StreamResponse:
+            return await self._stream(request, body, "/generate_stream", key)
+
+        result: web.StreamResponse = await self._guarded(request, "/generate_stream", run)
+        return result
+
+    async def _stream(self, request: web.Request, body: Any, path: str, key: str) -> web.StreamResponse:
+        req = self._validate(body, stream=True)
+        await self._inject(request, key)
+        gen = self._run_model(req)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.statuses[200] += 1
+        tokens = self._tokens(gen)
+        for index, token in enumerate(tokens):
+            event: dict[str, Any] = {"index": index, "token": token, "top_tokens": [], "generated_text": None}
+            event["details"] = None
+            if index == len(tokens) - 1:
+                event["generated_text"] = (req.inputs if req.return_full_text else "") + gen.text
+                event["details"] = {
+                    "finish_reason": gen.finish_reason,
+                    "generated_tokens": len(tokens),
+                    "input_length": req.input_length,
+                    "seed": gen.seed,
+                }
+            if self.check_schema:
+                problems = openapi.response_errors(path, 200, event, content_type="text/event-stream")
+                self.schema_violations.extend(f"event {path}: {p}" for p in problems)
+            await resp.write(b"data:" + json.dumps(event).encode() + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._body(request, "/tokenize")
+            deserialize_parameters(body, extra={"add_special_tokens": "bool"})
+        except WireError as err:
+            return self._error("/tokenize", err)
+        special = body.get("add_special_tokens", True) is not False
+        tokens = self.model.tokenize(body["inputs"], special)
+        out = [{"id": i, "text": t, "start": a, "stop": b} for i, t, a, b in tokens]
+        return self._reply("/tokenize", 200, out)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        async def run(body: Any, key: str) -> web.StreamResponse:
+            messages = body.get("messages") if isinstance(body, dict) else None
+            if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+            ):
+                raise WireError(422, "Failed to deserialize the JSON body: invalid `messages`", text=True)
+            prompt = "".join(f"<|{m.get('role')}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+            temperature = body.get("temperature")
+            params: dict[str, Any] = {"do_sample": temperature != 0, "stop": body.get("stop") or []}
+            if temperature not in (None, 0):
+                params["temperature"] = temperature
+            for ours, theirs in (("max_new_tokens", "max_tokens"), ("top_p", "top_p"), ("seed", "seed")):
+                if body.get(theirs) is not None:
+                    params[ours] = body[theirs]
+            started = time.monotonic()
+            req, gen, _ = await self._one_generation(request, {"inputs": prompt, "parameters": params}, key)
+            content = gen.text
+            logprobs: dict[str, Any] | None = None
+            if body.get("logprobs"):
+                logprobs = {
+                    "content": [
+                        {"token": t.text, "logprob": t.logprob, "top_logprobs": []}
+                        for t in gen.tokens
+                        if not t.special
+                    ]
+                }
+            response = {
+                "id": "",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model.model_id,
+                "system_fingerprint": "fake-tgi",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "logprobs": logprobs,
+                        "finish_reason": _FINISH_OPENAI[gen.finish_reason],
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": req.input_length,
+                    "completion_tokens": len(gen.tokens),
+                    "total_tokens": req.input_length + len(gen.tokens),
+                },
+            }
+            return self._reply("/v1/chat/completions", 200, response, self._headers(req, gen, started))
+
+        result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)
+        return result
+
+    async def _info(self, request: web.Request) -> web.StreamResponse:
+        lim = self.limits
+        info: dict[str, Any] = {
+            "model_id": self.model.model_id,
+            "model_sha": None,
+            "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": lim.max_concurrent_requests,
+            "max_best_of": lim.max_best_of,
+            "max_stop_sequences": lim.max_stop_sequences,
+            "max_input_tokens": lim.max_input_tokens,
+            "max_total_tokens": lim.max_total_tokens,
+            "validation_workers": 2,
+            "max_client_batch_size": 4,
+            "router": "text-generation-router",
+            "version": "3.3.6-dev0",
+            "sha": None,
+            "docker_label": None,
+        }
+        if self.legacy_info:
+            info["max_input_length"] = info.pop("max_input_tokens")
+            info["version"] = "1.4.5"
+        return self._reply("/info", 200, info)
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        if self.healthy and time.monotonic() - self._started >= self.ready_after:
+            self.statuses[200] += 1
+            return web.Response(status=200)
+        return self._reply("/health", 503, {"error": "unhealthy", "error_type": "healthcheck"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_tgi --latency 0.02``."""
+    parser = argparse.ArgumentParser(description="A TGI look-alike server for tests and benchmarks.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--max-concurrent-requests", type=int, default=128)
+    parser.add_argument("--rate-429", type=float, default=0.0)
+    parser.add_argument("--rate-503", type=float, default=0.0)
+    parser.add_argument("--check-schema", action="store_true", help="validate exchanges (slow)")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        server = FakeTGIServer(
+            limits=Limits(max_concurrent_requests=args.max_concurrent_requests),
+            latency=args.latency,
+            jitter=args.jitter,
+            rate_429=args.rate_429,
+            rate_503=args.rate_503,
+            check_schema=args.check_schema,
+            record=False,
+            host=args.host,
+            port=args.port,
+        )
+        async with server:
+            print(f"listening on {server.url}", flush=True)
+            await asyncio.Event().wait()
+
+    runner: Any = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(serve())
+
+
+if __name__ == "__main__":
+    main()

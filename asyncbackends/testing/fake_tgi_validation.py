@@ -1,0 +1,249 @@
+"""TGI's request handling rules, as `FakeTGIServer` applies them (router/src/validation.rs, server.rs).
+
+Two stages, like the router: the body is first deserialised (axum's ``Json`` extractor: a wrong content
+type is a plain-text 415, malformed JSON a plain-text 400, a wrong field type a plain-text 422), then
+validated (`ValidationError`: a JSON 422 ``{"error": "Input validation error: ...", "error_type":
+"validation"}``), in the router's order and with its messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Limits", "ValidRequest", "WireError", "parse_body", "validate_generate"]
+
+_DEFAULT_GENERATION_LENGTH = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The router's launch options that validation reads (TGI's defaults, smaller totals)."""
+
+    max_input_tokens: int = 4095
+    max_total_tokens: int = 4096
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_concurrent_requests: int = 128
+    payload_limit: int = 2_000_000
+
+
+class WireError(Exception):
+    """An error response: status, body (JSON-able or text) and its content type."""
+
+    def __init__(self, status: int, body: Any, *, text: bool = False) -> None:
+        super().__init__(status, body)
+        self.status, self.body, self.text = status, body, text
+
+    @classmethod
+    def json_error(cls, status: int, error: str, error_type: str) -> WireError:
+        """TGI's ``ErrorResponse`` body."""
+        return cls(status, {"error": error, "error_type": error_type})
+
+
+def _validation(message: str) -> WireError:
+    return WireError.json_error(422, f"Input validation error: {message}", "validation")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "uint": ("an unsigned integer", lambda v: _is_int(v) and v >= 0),
+    "int": ("an integer", _is_int),
+    "float": ("a float", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "bool": ("a boolean", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "strlist": (
+        "a sequence of strings",
+        lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+    ),
+    "any": ("any value", lambda v: True),
+}
+
+# GenerateParameters' Rust field types; "!" marks a non-Option field (null is a type error there).
+GENERATE_PARAMETERS: dict[str, str] = {
+    "best_of": "uint",
+    "temperature": "float",
+    "repetition_penalty": "float",
+    "frequency_penalty": "float",
+    "top_k": "int",
+    "top_p": "float",
+    "typical_p": "float",
+    "do_sample": "bool!",
+    "max_new_tokens": "uint",
+    "return_full_text": "bool",
+    "stop": "strlist!",
+    "truncate": "uint",
+    "watermark": "bool!",
+    "details": "bool!",
+    "decoder_input_details": "bool!",
+    "seed": "uint",
+    "top_n_tokens": "uint",
+    "grammar": "any",
+    "adapter_id": "str",
+}
+_DEFAULTS = {
+    "do_sample": False,
+    "stop": [],
+    "watermark": False,
+    "details": True,
+    "decoder_input_details": False,
+}
+
+
+def parse_body(content_type: str, raw: bytes, limit: int) -> Any:
+    """Axum's ``Json`` extractor: content type, size, then syntax; each failure a plain-text error."""
+    if len(raw) > limit:
+        raise WireError(413, "Failed to buffer the request body: length limit exceeded", text=True)
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise WireError(415, "Expected request with `Content-Type: application/json`", text=True)
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise WireError(400, f"Failed to parse the request body as JSON: {exc}", text=True) from exc
+
+
+def _type_error(where: str, message: str) -> WireError:
+    return WireError(
+        422, f"Failed to deserialize the JSON body into the target type: {where}: {message}", text=True
+    )
+
+
+def deserialize_parameters(body: Any, *, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A ``GenerateRequest`` body checked like serde would, with defaults filled in."""
+    if not isinstance(body, dict):
+        raise _type_error(
+            "<root>", f"invalid type: expected struct GenerateRequest, got {type(body).__name__}"
+        )
+    if "inputs" not in body:
+        raise _type_error("<root>", "missing field `inputs`")
+    if not isinstance(body["inputs"], str):
+        raise _type_error("inputs", "invalid type, expected a string")
+    for name, kind in (extra or {}).items():
+        value = body.get(name)
+        if value is not None and not _CHECKS[kind.rstrip("!")][1](value):
+            raise _type_error(name, f"invalid type, expected {_CHECKS[kind.rstrip('!')][0]}")
+    params = body.get("parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise _type_error("parameters", "invalid type, expected struct GenerateParameters")
+    out = dict(_DEFAULTS)
+    for name, value in params.items():
+        if name not in GENERATE_PARAMETERS:
+            continue  # serde ignores unknown fields here
+        kind = GENERATE_PARAMETERS[name]
+        required = kind.endswith("!")
+        label, check = _CHECKS[kind.rstrip("!")]
+        if value is None and not required:
+            continue
+        if value is None or not check(value):
+            raise _type_error(f"parameters.{name}", f"invalid type: {json.dumps(value)}, expected {label}")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRequest:
+    """A request that passed validation, with the router's resolved values."""
+
+    inputs: str
+    input_length: int
+    max_new_tokens: int
+    do_sample: bool
+    seed: int | None
+    stop: list[str]
+    best_of: int
+    truncate: int | None
+    details: bool
+    decoder_input_details: bool
+    top_n_tokens: int
+    return_full_text: bool
+
+
+def validate_generate(
+    inputs: str,
+    p: Mapping[str, Any],
+    limits: Limits,
+    count_tokens: Callable[[str], int],
+    *,
+    stream: bool = False,
+) -> ValidRequest:
+    """The router's ``Validation::validate`` (and the endpoint checks around it), in its order."""
+    best_of = p.get("best_of", 1)
+    if best_of != 1:
+        if limits.max_best_of == 1:
+            raise _validation("`best_of` != 1 is not allowed for this endpoint")
+        if best_of == 0 or best_of > limits.max_best_of:
+            raise _validation(f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
+        if stream:
+            raise _validation("`best_of` != 1 is not supported when streaming tokens")
+    if stream and p.get("decoder_input_details"):
+        raise _validation("`decoder_input_details` == true is not supported when streaming tokens")
+    sampling = p["do_sample"] or any(
+        p.get(k) is not None for k in ("temperature", "top_k", "top_p", "typical_p")
+    )
+    if best_of > 1 and not sampling:
+        raise _validation("you must use sampling when `best_of` is > 1")
+    if p.get("temperature", 1.0) <= 0:
+        raise _validation("`temperature` must be strictly positive")
+    if p.get("repetition_penalty", 1.0) <= 0:
+        raise _validation("`repetition_penalty` must be strictly positive")
+    if not -2.0 <= p.get("frequency_penalty", 0.0) <= 2.0:
+        raise _validation("`frequency_penalty` must be >= -2.0 and <= 2.0")
+    if "top_p" in p and not 0.0 < p["top_p"] < 1.0:
+        raise _validation("`top_p` must be > 0.0 and < 1.0")
+    if "typical_p" in p and not 0.0 < p["typical_p"] < 1.0:
+        raise _validation("`typical_p` must be > 0.0 and < 1.0")
+    if "top_k" in p and p["top_k"] <= 0:
+        raise _validation("`top_k` must be strictly positive")
+    if p.get("max_new_tokens") == 0:
+        raise _validation("`max_new_tokens` must be strictly positive")
+    if len(p["stop"]) > limits.max_stop_sequences:
+        raise _validation(
+            f"`stop` supports up to {limits.max_stop_sequences} stop sequences. Given: {len(p['stop'])}"
+        )
+    if p.get("seed") is not None and best_of > 1:
+        raise _validation("`seed` must not be set when `best_of` > 1")
+    top_n = p.get("top_n_tokens", 0)
+    if top_n > limits.max_top_n_tokens:
+        raise _validation(f"`top_n_tokens` must be >= 0 and <= {limits.max_top_n_tokens}. Given: {top_n}")
+    if not inputs:
+        raise _validation("`inputs` cannot be empty")
+    truncate = p.get("truncate")
+    if truncate is not None and (truncate == 0 or truncate > limits.max_input_tokens):
+        raise _validation(
+            f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. Given: {truncate}"
+        )
+    length = count_tokens(inputs)
+    if truncate is not None:
+        length = min(length, truncate)
+    max_new = p.get("max_new_tokens")
+    if max_new is None:
+        max_new = min(max(0, limits.max_total_tokens - length), _DEFAULT_GENERATION_LENGTH)
+    if length + max_new > limits.max_total_tokens:
+        raise _validation(
+            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+            f"Given: {length} `inputs` tokens and {max_new} `max_new_tokens`"
+        )
+    if length > limits.max_input_tokens:
+        raise _validation(f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {length}")
+    return ValidRequest(
+        inputs=inputs,
+        input_length=length,
+        max_new_tokens=max_new,
+        do_sample=sampling,
+        seed=p.get("seed"),
+        stop=list(p["stop"]),
+        best_of=best_of,
+        truncate=truncate,
+        details=p["details"],
+        decoder_input_details=p["decoder_input_details"],
+        top_n_tokens=top_n,
+        return_full_text=bool(p.get("return_full_text") or False),
+    )
