@@ -1,0 +1,65 @@
+"""The adapter contract suite: pytest classes an adapter author subclasses to ask "is my adapter right?".
+
+Modelled on fsspec's ``fsspec.tests.abstract``: mixins of tests plus fixtures the implementer overrides, with
+the backend's own `Capabilities` deciding which tests apply (a test whose capability is ``False`` is skipped,
+with the reason). And on langchain-tests' rule: a contract test may only be overridden as an expected failure
+with a reason (``@pytest.mark.xfail(reason=...)``); ``test_no_overrides_DO_NOT_OVERRIDE`` fails when one was
+deleted or silently overridden.
+
+Every test is a plain sync test (requests go through `run_batch` or the shared loop), so the suite works
+whatever your pytest-asyncio configuration.
+
+```python
+import pytest
+import asyncbackends as ab
+from asyncbackends.testing.contract import BackendContract
+
+
+class TestMyBackend(BackendContract):
+    @pytest.fixture(scope="class")  # engines are expensive: the suite never closes this one
+    def backend(self):
+        backend = ab.create_backend("my-backend", url="http://localhost:8080")
+        yield backend
+        backend.close()
+
+    @pytest.fixture
+    def make_backend(self):  # fresh backends for the checks that close one
+        return lambda: ab.create_backend("my-backend", url="http://localhost:8080")
+
+    @pytest.mark.xfail(reason="the server cannot honour seeds yet")
+    def test_seeded_sampling_reproducible(self, backend, prompts):
+        super().test_seeded_sampling_reproducible(backend, prompts)
+```
+
+Fixtures to override (see `ContractBase` for each one's default): ``backend`` (required), ``make_backend``,
+``failing_backend``, ``rejected_requests``, ``secret``, ``prompts``, ``token_prompt``, ``decode``. Knobs are
+class attributes: ``max_tokens``, ``long_max_tokens``, ``concurrency``, ``cancel_after``, ``cancel_timeout``,
+``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``.
+
+`run_contract` runs the whole suite against any registered adapter (the ``asyncbackends contract`` command).
+"""
+
+from __future__ import annotations
+
+from ._base import GUARD_TEST, ContractBase, contract_tests, expect
+from .generation import GenerationContract
+from .lifecycle import LifecycleContract
+from .runner import parse_option_value, run_contract
+from .scoring import LoglikelihoodContract
+
+__all__ = [
+    "GUARD_TEST",
+    "BackendContract",
+    "ContractBase",
+    "GenerationContract",
+    "LifecycleContract",
+    "LoglikelihoodContract",
+    "contract_tests",
+    "expect",
+    "parse_option_value",
+    "run_contract",
+]
+
+
+class BackendContract(GenerationContract, LoglikelihoodContract, LifecycleContract):
+    """The whole contract: subclass it, override the ``backend`` fixture; capabilities pick the tests."""
