@@ -17,7 +17,8 @@ from asyncbackends.testing.contract import BackendContract
 
 class TestMyBackend(BackendContract):
     @pytest.fixture(scope="class")  # engines are expensive: the suite never closes this one
-    def backend(self):
+    @classmethod  # wider-scoped fixtures are classmethods (pytest 9 deprecates instance methods there)
+    def backend(cls):
         backend = ab.create_backend("my-backend", url="http://localhost:8080")
         yield backend
         backend.close()
