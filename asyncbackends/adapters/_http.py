@@ -26,6 +26,7 @@ from ..errors import (
     BackendTimeoutError,
     BackendUnavailableError,
     InvalidRequestError,
+    LoopError,
     RateLimitedError,
     RequestRejectedError,
 )
@@ -233,9 +234,16 @@ class HTTPTransport:
     @property
     def session(self) -> aiohttp.ClientSession:
         """The session, created on first use on the running loop."""
+        loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed:
             self._session = self._new_session()
-            self._loop = asyncio.get_running_loop()
+            self._loop = loop
+        elif loop is not self._loop:
+            # An aiohttp session only works on its own loop; the fix is to go through the shared loop.
+            raise LoopError(
+                f"the {self.backend} backend's HTTP session lives on another event loop: call it through "
+                "ab.gather / ab.run_batch or get_loop_manager().arun(...)"
+            )
         return self._session
 
     async def request(

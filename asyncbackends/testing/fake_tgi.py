@@ -62,7 +62,8 @@ class FakeTGIServer:
         ready_after: Seconds after start during which ``GET /health`` answers 503.
         legacy_info: Report ``max_input_length`` in ``/info`` as TGI < 2.0 did, not ``max_input_tokens``.
         check_schema: Validate every exchange against the OpenAPI spec (violations in `schema_violations`).
-        record: Keep every request body in `received` (path, body).
+        record: Keep every request body in `received` (path, body); `authorization` counts the
+            ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
@@ -104,6 +105,7 @@ class FakeTGIServer:
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
+        self.authorization: Counter[str | None] = Counter()
         self.schema_violations: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -186,6 +188,7 @@ class FakeTGIServer:
 
     async def _body(self, request: web.Request, path: str) -> Any:
         self.paths[path] += 1
+        self.authorization[request.headers.get("Authorization")] += 1
         raw = await request.read()
         body = parse_body(request.headers.get("Content-Type", ""), raw, self.limits.payload_limit)
         if self.record:
@@ -434,6 +437,7 @@ class FakeTGIServer:
         return result
 
     async def _info(self, request: web.Request) -> web.StreamResponse:
+        self.paths["/info"] += 1
         lim = self.limits
         info: dict[str, Any] = {
             "model_id": self.model.model_id,
@@ -457,6 +461,7 @@ class FakeTGIServer:
         return self._reply("/info", 200, info)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
+        self.paths["/health"] += 1
         if self.healthy and time.monotonic() - self._started >= self.ready_after:
             self.statuses[200] += 1
             return web.Response(status=200)
