@@ -124,8 +124,9 @@ def error_for_status(
     """The library error for a non-2xx HTTP response.
 
     401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); other 4xx ->
-    `RequestRejectedError` (never retried; 408 and 425 excepted: those are retryable timeouts); 502, 503 and
-    504 -> `BackendUnavailableError`; any other status (424, 500...) -> a retryable `BackendError`.
+    `RequestRejectedError` (never retried), except 408 (a retryable timeout) and 424 (TGI's "failed
+    during generation", a server-side failure); 502, 503 and 504 -> `BackendUnavailableError`; any other
+    status (424, 500...) -> a retryable `BackendError`.
     """
     message = f"HTTP {status}: {error_message(body)}"
     kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
@@ -134,9 +135,9 @@ def error_for_status(
         return RateLimitedError(message, retry_after=retry_after, **kwargs)
     if status in (401, 403):
         return AuthenticationError(message, **kwargs)
-    if status in (408, 425):
+    if status == 408:
         return BackendTimeoutError(message, **kwargs)
-    if 400 <= status < 500:
+    if 400 <= status < 500 and status != 424:
         return RequestRejectedError(message, **kwargs)
     if status in (502, 503, 504):
         return BackendUnavailableError(message, **kwargs)
