@@ -350,3 +350,44 @@ def test_create_backend_accepts_any_protocol_object() -> None:
     backend = ab.create_backend("recording-test", seed=1)
     assert isinstance(backend, ab.AsyncBackend)
     assert ab.run_batch(backend, requests(3))[2].text == "p2"
+
+
+def test_adapter_leaking_a_plain_timeout_error_is_a_retryable_timeout() -> None:
+    class SelfTimed(RecordingBackend):
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            self.calls.append(request.request_id)
+            raise TimeoutError("read timed out")
+
+    backend = SelfTimed()
+    outcomes = ab.run_batch(
+        backend, requests(1), retry=ab.RetryPolicy(max_attempts=2, initial_delay=0), return_exceptions=True
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError) and len(backend.calls) == 2
+
+
+def test_timeouts_fire_close_to_their_deadline(make_mock: Any) -> None:
+    backend = make_mock(latency=5)
+    start = time.perf_counter()
+    outcomes = ab.run_batch(
+        backend, requests(3), timeout=0.2, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
+    )
+    elapsed = time.perf_counter() - start
+    assert all(isinstance(o, ab.BackendTimeoutError) for o in outcomes)
+    assert 0.2 <= elapsed < 0.6  # fires at most 5% (10 ms here) late, plus scheduling noise
+
+
+def test_caller_cancellation_wins_over_an_expiring_attempt(make_mock: Any) -> None:
+    backend = make_mock(latency=5)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(ab.gather(backend, requests(4), timeout=0.3))
+        await asyncio.sleep(0.29)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while backend.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert backend.in_flight == 0 and backend.completed == 0
