@@ -348,13 +348,17 @@ class FakeTGIServer:
         return result
 
     async def _stream(self, request: web.Request, body: Any, path: str, key: str) -> web.StreamResponse:
-        req = self._validate(body, stream=True)
-        await self._inject(request, key)
+        try:
+            req = self._validate(body, stream=True)
+            await self._inject(request, key)
+        except WireError as err:
+            if err.text:
+                raise
+            # The spec gives streamed errors as one server-sent event carrying the ErrorResponse.
+            return await self._sse(request, path, err.status, [err.body])
         gen = self._run_model(req)
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        self.statuses[200] += 1
         tokens = self._tokens(gen)
+        events = []
         for index, token in enumerate(tokens):
             event: dict[str, Any] = {"index": index, "token": token, "top_tokens": [], "generated_text": None}
             event["details"] = None
@@ -366,9 +370,19 @@ class FakeTGIServer:
                     "input_length": req.input_length,
                     "seed": gen.seed,
                 }
+            events.append(event)
+        return await self._sse(request, path, 200, events)
+
+    async def _sse(
+        self, request: web.Request, path: str, status: int, events: list[Any]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.statuses[status] += 1
+        for event in events:
             if self.check_schema:
-                problems = openapi.response_errors(path, 200, event, content_type="text/event-stream")
-                self.schema_violations.extend(f"event {path}: {p}" for p in problems)
+                problems = openapi.response_errors(path, status, event, content_type="text/event-stream")
+                self.schema_violations.extend(f"event {status} {path}: {p}" for p in problems)
             await resp.write(b"data:" + json.dumps(event).encode() + b"\n\n")
         await resp.write_eof()
         return resp

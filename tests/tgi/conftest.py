@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import pytest
 import pytest_asyncio
 
 import asyncbackends as ab
@@ -34,7 +33,9 @@ async def make_server() -> AsyncIterator[MakeServer]:
     yield make
     for server in servers:
         await server.stop()
-    violations = [v for s in servers for v in s.schema_violations if not getattr(s, "allow_bad_requests", False)]
+    violations = [
+        v for s in servers for v in s.schema_violations if not getattr(s, "allow_bad_requests", False)
+    ]
     assert violations == [], "exchanges broke TGI's OpenAPI spec"
 
 

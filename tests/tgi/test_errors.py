@@ -19,12 +19,17 @@ NO_RETRY = ab.RetryPolicy(max_attempts=1)
 
 
 def requests(count: int) -> list[ab.GenerationRequest]:
-    return [ab.GenerationRequest(f"prompt {i:03d}", ab.SamplingParams(max_tokens=20), request_id=str(i)) for i in range(count)]
+    return [
+        ab.GenerationRequest(f"prompt {i:03d}", ab.SamplingParams(max_tokens=20), request_id=str(i))
+        for i in range(count)
+    ]
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("failure", [429, 503, 424, 500, "drop"])
-async def test_retries_keep_order(make_server: MakeServer, make_backend: MakeBackend, failure: int | str) -> None:
+async def test_retries_keep_order(
+    make_server: MakeServer, make_backend: MakeBackend, failure: int | str
+) -> None:
     server = await make_server(fail_attempts=2, failure=failure, latency=0.001, jitter=0.003)
     backend = await make_backend(server.url)
     batch = requests(24)
@@ -36,7 +41,9 @@ async def test_retries_keep_order(make_server: MakeServer, make_backend: MakeBac
 
 @pytest.mark.asyncio
 async def test_random_failures_all_recovered(make_server: MakeServer, make_backend: MakeBackend) -> None:
-    server = await make_server(rate_429=0.15, rate_503=0.15, rate_424=0.1, drop_rate=0.05, jitter=0.002, seed=7)
+    server = await make_server(
+        rate_429=0.15, rate_503=0.15, rate_424=0.1, drop_rate=0.05, jitter=0.002, seed=7
+    )
     backend = await make_backend(server.url)
     batch = requests(60)
     results = await ab.gather(backend, batch, concurrency=16, retry=fast_retry(12))
@@ -72,7 +79,11 @@ async def test_422_is_never_retried(make_server: MakeServer, make_backend: MakeB
     ],
 )
 async def test_status_mapping(
-    make_server: MakeServer, make_backend: MakeBackend, failure: int | str, error: type[ab.BackendError], retryable: bool
+    make_server: MakeServer,
+    make_backend: MakeBackend,
+    failure: int | str,
+    error: type[ab.BackendError],
+    retryable: bool,
 ) -> None:
     server = await make_server(fail_attempts=1, failure=failure)
     backend = await make_backend(server.url)
@@ -90,11 +101,18 @@ async def test_retry_after_from_a_proxy(make_server: MakeServer, make_backend: M
 
 
 @pytest.mark.asyncio
-async def test_overloaded_server_concurrency_limit(make_server: MakeServer, make_backend: MakeBackend) -> None:
+async def test_overloaded_server_concurrency_limit(
+    make_server: MakeServer, make_backend: MakeBackend
+) -> None:
     server = await make_server(limits=Limits(max_concurrent_requests=3), latency=0.01)
     backend = await make_backend(server.url)
     batch = requests(30)
-    results = await ab.gather(backend, batch, concurrency=10, retry=ab.RetryPolicy(max_attempts=50, initial_delay=0.002, max_delay=0.02))
+    results = await ab.gather(
+        backend,
+        batch,
+        concurrency=10,
+        retry=ab.RetryPolicy(max_attempts=50, initial_delay=0.002, max_delay=0.02),
+    )
     assert [r.text for r in results] == [r.prompt for r in batch]
     assert server.statuses[429] > 0 and server.max_in_flight <= 3
 
@@ -180,7 +198,11 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("3") == 3.0 and parse_retry_after("0.5") == 0.5
     assert parse_retry_after("-4") == 0.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == pytest.approx(10.0)
-    assert parse_retry_after("soon") is None and parse_retry_after(None) is None and parse_retry_after("nan") is None
+    assert (
+        parse_retry_after("soon") is None
+        and parse_retry_after(None) is None
+        and parse_retry_after("nan") is None
+    )
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,9 @@ def expected(context: str, continuation: str) -> list[float]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("context", "continuation"), [("The cat", " sat"), ("", "abc"), ("a", "b"), ("ab", "ünï")])
+@pytest.mark.parametrize(
+    ("context", "continuation"), [("The cat", " sat"), ("", "abc"), ("a", "b"), ("ab", "ünï")]
+)
 async def test_sum_of_last_k_prefill_logprobs(
     server: FakeTGIServer, backend: ab.AsyncBackend, context: str, continuation: str
 ) -> None:

@@ -55,7 +55,9 @@ async def test_sampling_fields(server: FakeTGIServer, backend: ab.AsyncBackend) 
 @pytest.mark.asyncio
 async def test_top_p_one_and_temperature_one(server: FakeTGIServer, backend: ab.AsyncBackend) -> None:
     # top_p=1.0 is rejected by TGI (it needs 0 < top_p < 1), so it is left out; temperature 1 still samples.
-    await one(backend, ab.GenerationRequest(PROMPT, ab.SamplingParams(max_tokens=2, temperature=1.0, top_p=1.0)))
+    await one(
+        backend, ab.GenerationRequest(PROMPT, ab.SamplingParams(max_tokens=2, temperature=1.0, top_p=1.0))
+    )
     (body,) = sent(server)
     assert "top_p" not in body["parameters"] and "top_k" not in body["parameters"]
     assert body["parameters"]["do_sample"] is True and body["parameters"]["temperature"] == 1.0
@@ -64,7 +66,9 @@ async def test_top_p_one_and_temperature_one(server: FakeTGIServer, backend: ab.
 
 @pytest.mark.asyncio
 async def test_stop_sequences_sent_and_stripped(server: FakeTGIServer, backend: ab.AsyncBackend) -> None:
-    result = await one(backend, ab.GenerationRequest(PROMPT, ab.SamplingParams(max_tokens=50, stop=("o w", "zz"))))
+    result = await one(
+        backend, ab.GenerationRequest(PROMPT, ab.SamplingParams(max_tokens=50, stop=("o w", "zz")))
+    )
     (body,) = sent(server)
     assert body["parameters"]["stop"] == ["o w", "zz"]
     assert result.text == "hell"  # TGI's text ends with "o w"; ours never includes the stop string
@@ -78,7 +82,12 @@ async def test_eos_finish_usage_and_logprobs(backend: ab.AsyncBackend) -> None:
     assert completion.text == "abc"
     assert completion.finish_reason == "stop"
     assert completion.token_ids[-1] == EOS_ID
-    expected = (token_logprob("c", "a"), token_logprob("a", "b"), token_logprob("b", "c"), token_logprob("c", "</s>"))
+    expected = (
+        token_logprob("c", "a"),
+        token_logprob("a", "b"),
+        token_logprob("b", "c"),
+        token_logprob("c", "</s>"),
+    )
     assert completion.logprobs == pytest.approx(expected)
     assert result.prompt_tokens == len("abc") + 1  # x-prompt-tokens: BOS + one token per character
     assert result.model == FakeModel.model_id
@@ -125,7 +134,9 @@ async def test_chat_sampling_and_logprobs(server: FakeTGIServer, backend: ab.Asy
     params = ab.SamplingParams(max_tokens=3, temperature=0.5, top_p=0.8, seed=3, logprobs=True)
     result = await one(backend, ab.GenerationRequest([{"role": "user", "content": "hi"}], params))
     (body,) = sent(server, "/v1/chat/completions")
-    assert body["temperature"] == 0.5 and body["top_p"] == 0.8 and body["seed"] == 3 and body["logprobs"] is True
+    assert (
+        body["temperature"] == 0.5 and body["top_p"] == 0.8 and body["seed"] == 3 and body["logprobs"] is True
+    )
     assert result.completions[0].logprobs is not None and len(result.completions[0].logprobs) == 3
 
 
@@ -135,9 +146,15 @@ async def test_chat_sampling_and_logprobs(server: FakeTGIServer, backend: ab.Asy
     [
         (ab.GenerationRequest([1, 2, 3]), ab.RequestRejectedError),
         (ab.GenerationRequest("x", ab.SamplingParams(max_tokens=0)), ab.InvalidRequestError),
-        (ab.GenerationRequest("x", ab.SamplingParams(stop=("a", "b", "c", "d", "e"))), ab.InvalidRequestError),
+        (
+            ab.GenerationRequest("x", ab.SamplingParams(stop=("a", "b", "c", "d", "e"))),
+            ab.InvalidRequestError,
+        ),
         (ab.GenerationRequest("x", ab.SamplingParams(seed=-1)), ab.InvalidRequestError),
-        (ab.GenerationRequest([{"role": "user", "content": "x"}], ab.SamplingParams(top_k=3)), ab.InvalidRequestError),
+        (
+            ab.GenerationRequest([{"role": "user", "content": "x"}], ab.SamplingParams(top_k=3)),
+            ab.InvalidRequestError,
+        ),
         (ab.GenerationRequest("x", ab.SamplingParams(max_tokens=5000)), ab.RequestRejectedError),
     ],
 )
@@ -155,8 +172,9 @@ async def test_long_prompt_checked_locally_with_a_tokenizer(
 ) -> None:
     server = await make_server(limits=Limits(max_input_tokens=10, max_total_tokens=20))
     backend = await make_backend(server.url, tokenizer=lambda text: [0, *map(ord, text)])
-    (outcome,) = await ab.gather(backend, [ab.GenerationRequest("x" * 12, ab.SamplingParams(max_tokens=2))],
-                                 return_exceptions=True)
+    (outcome,) = await ab.gather(
+        backend, [ab.GenerationRequest("x" * 12, ab.SamplingParams(max_tokens=2))], return_exceptions=True
+    )
     assert isinstance(outcome, ab.RequestRejectedError) and "at most 10" in str(outcome)
     assert sent(server) == []
     (ok,) = await ab.gather(backend, [ab.GenerationRequest("x" * 8, ab.SamplingParams(max_tokens=2))])
