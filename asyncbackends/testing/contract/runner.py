@@ -12,8 +12,7 @@ from typing import Any, TextIO
 import pytest
 
 from .. import plugin
-from ..plugin import CONTRACT_TARGET
-from ._options import parse_option_value
+from ..plugin import CONTRACT_TARGET, parse_option_value
 
 __all__ = ["parse_option_value", "run_contract"]
 
