@@ -1,0 +1,258 @@
+"""lm-evaluation-harness on any asyncbackends backend: an ``LM`` registered as ``asyncbackends``.
+
+lm-eval calls ``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` once per request type with
+every request of the run, synchronously. Each call here becomes one `run_batch` on the shared loop: bounded
+concurrency, retries, order kept, one progress bar, and the same engine for every call (calling
+``asyncio.run`` per batch would break vLLM's ``AsyncLLM`` on the second one).
+
+lm-eval has no plugin entry points for models: importing this module registers the name. From the shell,
+``python -m asyncbackends.integrations.lm_eval`` is lm-eval's own command line with the model registered::
+
+    python -m asyncbackends.integrations.lm_eval run --model asyncbackends --tasks hellaswag
+        --model_args backend=vllm,model=/models/llama,dtype=float32,concurrency=64
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import model_registry
+    from lm_eval.models.utils import normalize_gen_kwargs
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
+    raise ModuleNotFoundError(
+        f"asyncbackends.integrations.lm_eval needs lm-eval ({exc.name!r} is missing): "
+        "pip install 'asyncbackends[lm-eval]'",
+        name=exc.name,
+    ) from exc
+
+from ..gather import RetryPolicy, run_batch
+from ..protocol import AsyncBackend
+from ..registry import create_backend
+from ..types import (
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
+
+__all__ = ["MODEL_NAME", "AsyncBackendsLM", "main", "split_trailing_space"]
+
+MODEL_NAME = "asyncbackends"
+"""The name lm-eval's ``--model`` takes once this module is imported."""
+
+log = logging.getLogger(__name__)
+
+# lm-eval passes these to every model's constructor whether or not it asked for them.
+_LM_EVAL_EXTRAS = ("batch_size", "max_batch_size", "device")
+# Generation kwargs mapped to SamplingParams; any other key is logged once and ignored.
+_GEN_KEYS = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k", "seed"})
+
+
+def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
+    """Move the context's trailing whitespace to the front of the continuation, as lm-eval's models do.
+
+    Tokenizers attach a leading space to the next word, so ``"is " + "Paris"`` would score an unnatural lone
+    space token while ``"is" + " Paris"`` scores the token the model predicts. Doing it here keeps scores
+    equal to lm-eval's own models whatever the backend does.
+    """
+    stripped = context.rstrip()
+    if len(stripped) == len(context):
+        return context, continuation
+    return stripped, context[len(stripped) :] + continuation
+
+
+def _concurrency(concurrency: int | None, batch_size: Any) -> int | None:
+    if concurrency is not None:
+        return int(concurrency)
+    # lm-eval's command line defaults batch_size to 1, which as a concurrency would serialise the whole run:
+    # only a larger integer is taken as a request for that many requests in flight.
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 1:
+        return batch_size
+    if isinstance(batch_size, str) and batch_size.isdigit() and int(batch_size) > 1:
+        return int(batch_size)
+    return None
+
+
+class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type information
+    """An lm-eval model that sends every request through an asyncbackends backend.
+
+    Args:
+        backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"mock"``...) or a backend object.
+        concurrency: Requests in flight; ``None`` takes lm-eval's ``batch_size`` when it is above 1, else the
+            backend's own hint.
+        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        max_attempts: Attempts per request for retryable errors, the first included.
+        progress: Show a progress bar per batch.
+        cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.
+        max_gen_toks: Tokens generated when a task does not say (lm-eval's default is 256).
+        batch_size: Given by lm-eval; an integer above 1 is the concurrency unless ``concurrency`` is set.
+        max_batch_size: Given by lm-eval; ignored.
+        device: Given by lm-eval; ignored (the backend decides where it runs).
+        **backend_options: Passed to `create_backend` unchanged (``model=``, ``dtype=``, ``url=``...).
+    """
+
+    def __init__(
+        self,
+        backend: str | AsyncBackend = "mock",
+        *,
+        concurrency: int | None = None,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+        progress: bool = True,
+        cache: str | None = None,
+        max_gen_toks: int = 256,
+        batch_size: Any = None,
+        max_batch_size: Any = None,
+        device: Any = None,
+        **backend_options: Any,
+    ) -> None:
+        super().__init__()
+        if isinstance(backend, str):
+            self.backend: AsyncBackend = create_backend(backend, **backend_options)
+        elif backend_options:
+            raise TypeError(
+                f"backend options {sorted(backend_options)} given with a backend object; "
+                "pass the backend's name instead, or build it with those options yourself"
+            )
+        else:
+            self.backend = backend
+        self.concurrency = _concurrency(concurrency, batch_size)
+        self.timeout = None if timeout is None else float(timeout)
+        self.retry = RetryPolicy(max_attempts=int(max_attempts))
+        self.progress = bool(progress)
+        self.cache = cache
+        self.max_gen_toks = int(max_gen_toks)
+        self._ignored_gen_keys: set[str] = set()
+        self._warned_is_greedy = False
+
+    @property
+    def backend_name(self) -> str:
+        """The backend's registry name, for logs and results."""
+        return str(getattr(self.backend, "name", type(self.backend).__name__))
+
+    def _run(self, requests: Sequence[Any], label: str) -> list[Any]:
+        return run_batch(
+            self.backend,
+            requests,
+            concurrency=self.concurrency,
+            timeout=self.timeout,
+            retry=self.retry,
+            progress=f"{self.backend_name}: {label}" if self.progress and self.rank == 0 else False,
+            cache=self.cache,
+        )
+
+    # -- scoring -------------------------------------------------------------------------------------
+
+    def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """Score each ``(context, continuation)``: returns ``(logprob, is_greedy)`` per request, in order."""
+        args = [tuple(request.args) for request in requests]
+        batch = []
+        for index, (context, continuation) in enumerate(args):
+            context, continuation = split_trailing_space(context, continuation)
+            batch.append(LoglikelihoodRequest(context, continuation, request_id=f"loglikelihood-{index}"))
+        results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood")
+        answers = []
+        for arg, result in zip(args, results, strict=True):
+            if result.is_greedy is None and not self._warned_is_greedy:
+                self._warned_is_greedy = True
+                log.warning(
+                    "backend %r cannot tell whether a continuation is greedy: reported as False",
+                    self.backend_name,
+                )
+            answer = (float(result.logprob), bool(result.is_greedy))
+            self.cache_hook.add_partial("loglikelihood", arg, answer)
+            answers.append(answer)
+        return answers
+
+    def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
+        """Score each whole text (perplexity tasks): the summed logprob of every token, in order."""
+        args = [tuple(request.args) for request in requests]
+        batch = [RollingLoglikelihoodRequest(arg[0], request_id=f"rolling-{i}") for i, arg in enumerate(args)]
+        results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood_rolling")
+        answers = []
+        for arg, result in zip(args, results, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", arg, float(result.logprob))
+            answers.append(float(result.logprob))
+        return answers
+
+    # -- generation ----------------------------------------------------------------------------------
+
+    def sampling_params(self, gen_kwargs: Mapping[str, Any]) -> SamplingParams:
+        """Map lm-eval generation kwargs to `SamplingParams` with lm-eval's own normalisation.
+
+        ``until`` becomes ``stop``, ``max_gen_toks`` (or an alias) ``max_tokens``; ``do_sample=False`` means
+        greedy whatever the temperature; ``top_p``, ``top_k`` and ``seed`` pass through.
+        """
+        kwargs = dict(normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks))
+        for key in sorted(set(kwargs) - _GEN_KEYS - self._ignored_gen_keys):
+            self._ignored_gen_keys.add(key)
+            log.warning("generation kwarg %r=%r is not supported by asyncbackends: ignored", key, kwargs[key])
+        until = kwargs.get("until") or []
+        stop = tuple(s for s in ([until] if isinstance(until, str) else until) if s)
+        temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
+        top_k = kwargs.get("top_k")
+        return SamplingParams(
+            max_tokens=int(kwargs["max_gen_toks"]),
+            temperature=temperature,
+            top_p=float(kwargs.get("top_p") or 1.0) if temperature > 0 else 1.0,
+            top_k=int(top_k) if top_k and temperature > 0 else None,
+            stop=stop,
+            seed=None if kwargs.get("seed") is None else int(kwargs["seed"]),
+        )
+
+    def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
+        """Generate for each ``(context, gen_kwargs)`` until a stop string or the token limit, in order."""
+        args = [tuple(request.args) for request in requests]
+        batch = [
+            GenerationRequest(context, self.sampling_params(gen_kwargs), request_id=f"generate-{index}")
+            for index, (context, gen_kwargs) in enumerate(args)
+        ]
+        results: list[GenerationResult] = self._run(batch, "generate_until")
+        answers = []
+        for arg, request, result in zip(args, batch, results, strict=True):
+            text = result.text
+            # A backend that ignores stop strings would leak the text after them: cut as lm-eval's models do.
+            for stop in request.params.stop:
+                text = text.split(stop)[0]
+            self.cache_hook.add_partial("generate_until", arg, text)
+            answers.append(text)
+        return answers
+
+    def close(self) -> None:
+        """Release the backend (its engine or HTTP session); idempotent."""
+        from ..loop import get_loop_manager
+
+        get_loop_manager().run(self.backend.aclose())
+
+
+def _register() -> None:
+    # Idempotent: importing this module twice must not trip lm-eval's duplicate-name check.
+    if model_registry.get(MODEL_NAME, None) is not AsyncBackendsLM:
+        model_registry.register(MODEL_NAME)(AsyncBackendsLM)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """lm-eval's command line with the ``asyncbackends`` model registered (``python -m`` this module)."""
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    # Run as a script, this file is the module ``__main__``: import it under its real name so the class
+    # lm-eval finds is the importable one, then hand over to lm-eval's command line.
+    from asyncbackends.integrations.lm_eval import main as _main
+
+    _main()
+else:
+    _register()
