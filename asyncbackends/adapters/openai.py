@@ -1,0 +1,483 @@
+"""`OpenAIBackend` (name ``openai``): any server that speaks the OpenAI HTTP API.
+
+``vllm serve``, TGI's Messages API, SGLang, llama.cpp's server and hosted providers. Text and token-id prompts
+go to ``POST {base_url}/completions``, chat prompts to ``POST {base_url}/chat/completions``; ``n``, ``seed``,
+``stop`` and ``logprobs`` map onto the request fields of the same names, usage onto ``prompt_tokens``.
+
+`create` reads ``GET {base_url}/models`` once: with ``model=None`` it takes the only model served (or asks
+you to choose), and it recognises a vLLM server by the ``owned_by: "vllm"`` its model list reports. A vLLM
+server unlocks what the plain OpenAI API cannot do exactly:
+
+- loglikelihoods: context and continuation are tokenized by the server's ``POST /tokenize`` (at the
+  server root, beside ``/v1``) and split on token ids exactly as the in-process ``vllm`` adapter splits them
+  (`_vllm_scoring`); the token-id prompt is then sent to ``/completions`` with ``echo: true``,
+  ``max_tokens: 0``, ``logprobs: 1`` and ``return_tokens_as_token_ids: true``, so each echoed prompt token
+  comes back with its logprob and the top-1 alternative (which says whether it is greedy);
+- generated token ids (``return_token_ids``) and ``top_k``.
+
+Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
+exact tokenizer a context/continuation split on text would score the wrong tokens. Errors are mapped by
+`_http.error_for_status` (400/404/422 -> `RequestRejectedError`, 401/403 -> `AuthenticationError`, 429 ->
+`RateLimitedError` with ``Retry-After``, 5xx -> retryable); a 429 that says the account is out of quota is
+a rejection, since retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from ..errors import BackendError, BackendTimeoutError, InvalidRequestError, RequestRejectedError
+from ..protocol import BaseBackend, Secret
+from ..types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+)
+from ._http import HTTPResponse, HTTPTransport, error_for_status
+from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
+from .tgi import _all_or_nothing
+
+__all__ = ["OpenAIBackend"]
+
+ServerKind = Literal["auto", "vllm", "generic"]
+
+
+class OpenAIBackend(BaseBackend):
+    """Talks to one OpenAI-compatible server. Build it with `create` (``ab.create_backend("openai", ...)``).
+
+    Args:
+        base_url: The API root including ``/v1``, as in the OpenAI SDK (``http://localhost:8000/v1``).
+        model: The model name sent with every request.
+        api_key: Sent as ``Authorization: Bearer ...``; an empty `Secret` sends none.
+        server: ``"vllm"`` to use vLLM's extensions (tokenize, token ids, echo scoring), ``"generic"`` not to.
+        max_model_len: The model's context length, where the server reported it.
+        timeout: Seconds one HTTP request may take; ``None`` for no limit.
+        headers: Extra headers for every request.
+        max_connections: Size of the connection pool (0 for unlimited).
+        max_concurrency: The concurrency `gather` uses when given none.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: Secret | None = None,
+        server: Literal["vllm", "generic"] = "generic",
+        max_model_len: int | None = None,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 256,
+        max_concurrency: int | None = None,
+    ) -> None:
+        if not isinstance(base_url, str):
+            raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
+        self.base_url = base_url.rstrip("/")
+        # The transport is rooted at the server, not at /v1: vLLM's /tokenize and /health live there.
+        root, self._api = (
+            (self.base_url[:-3], "/v1") if self.base_url.endswith("/v1") else (self.base_url, "")
+        )
+        self._http = HTTPTransport(
+            root or self.base_url,
+            backend=self.name,
+            token=api_key,
+            headers=headers,
+            timeout=timeout,
+            max_connections=max_connections,
+        )
+        self.model = model
+        self.server = server
+        self.max_model_len = max_model_len
+        self._special: tuple[tuple[int, ...], int | None] | None = None  # (BOS prefix, empty-context token)
+        self._special_lock: asyncio.Lock | None = None
+        vllm = server == "vllm"
+        self.capabilities = Capabilities(
+            loglikelihood=vllm,
+            rolling_loglikelihood=vllm,
+            is_greedy=vllm,
+            n_samples=True,
+            seed=True,
+            chat=True,
+            token_ids=vllm,
+            logprobs=True,
+            stop=True,
+            max_concurrency=max_concurrency,
+        )
+
+    @classmethod
+    async def create(
+        cls,
+        *,
+        base_url: str,
+        api_key: str | Secret | None = None,
+        model: str | None = None,
+        server: ServerKind = "auto",
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 256,
+        max_concurrency: int | None = None,
+    ) -> OpenAIBackend:
+        """Build the backend, reading ``GET {base_url}/models`` to pick the model and recognise vLLM.
+
+        Args:
+            base_url: The API root including ``/v1`` (``http://localhost:8000/v1``).
+            api_key: The API key; ``None`` reads ``$OPENAI_API_KEY`` (none sent when that is unset too).
+            model: The model to ask for; ``None`` takes the only one the server lists.
+            server: ``"auto"`` (vLLM when its model list says ``owned_by: "vllm"``), ``"vllm"`` or
+                ``"generic"`` (plain OpenAI fields only; no loglikelihood).
+            timeout: Seconds one HTTP request may take; ``None`` for no limit.
+            headers: Extra headers for every request.
+            max_connections: Size of the connection pool (0 for unlimited).
+            max_concurrency: The concurrency `gather` uses when given none.
+
+        Raises:
+            InvalidRequestError: ``model=None`` and the server lists no model or several (they are named),
+                or an option is invalid.
+            BackendError: The model list could not be read while it was needed (``model=None``).
+        """
+        if server not in ("auto", "vllm", "generic"):
+            raise InvalidRequestError(f"server must be 'auto', 'vllm' or 'generic', got {server!r}")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InvalidRequestError(f"model must be a non-empty str or None, got {model!r}")
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY") or ""
+        secret = api_key if isinstance(api_key, Secret) else Secret(api_key)
+        backend = cls(
+            base_url=base_url,
+            model=model or "",
+            api_key=secret,
+            timeout=timeout,
+            headers=headers,
+            max_connections=max_connections,
+            max_concurrency=max_concurrency,
+        )
+        try:
+            await backend._discover(model, server)
+        except BaseException:
+            await backend.aclose()
+            raise
+        return backend
+
+    async def _discover(self, model: str | None, server: ServerKind) -> None:
+        try:
+            listed = await self._models()
+        except BackendError:
+            if model is None:
+                raise
+            listed = []  # a provider that hides its model list: the given model is taken on trust
+        if model is None:
+            ids = [str(entry.get("id")) for entry in listed]
+            if len(ids) != 1:
+                raise InvalidRequestError(
+                    f"{self.base_url} serves {len(ids)} models; choose one with model=: {', '.join(ids)}"
+                    if ids
+                    else f"{self.base_url}/models lists no model; pass model="
+                )
+            model = ids[0]
+        self.model = model
+        entry = next((e for e in listed if e.get("id") == model), {})
+        length = entry.get("max_model_len")
+        self.max_model_len = length if isinstance(length, int) and length > 1 else None
+        if server == "auto":
+            server = "vllm" if any(e.get("owned_by") == "vllm" for e in listed) else "generic"
+        self.server = server
+        vllm = server == "vllm"
+        self.capabilities = Capabilities(
+            loglikelihood=vllm,
+            rolling_loglikelihood=vllm,
+            is_greedy=vllm,
+            n_samples=True,
+            seed=True,
+            chat=True,
+            token_ids=vllm,
+            logprobs=True,
+            stop=True,
+            max_concurrency=self.capabilities.max_concurrency,
+        )
+
+    async def _models(self) -> list[Mapping[str, Any]]:
+        body = self._json(await self._http.request("GET", self._api + "/models"), None)
+        try:
+            return [e for e in body["data"] if isinstance(e, Mapping)]
+        except (KeyError, TypeError) as exc:
+            raise self._malformed(None, exc) from exc
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, server={self.server!r})"
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this backend's outputs for the response cache (no secret)."""
+        return {"name": self.name, "base_url": self.base_url, "model": self.model}
+
+    async def _aclose(self) -> None:
+        await self._http.aclose()
+
+    async def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5, path: str = "") -> None:
+        """Poll ``GET path`` (``{base_url}/models`` by default) until it answers 200.
+
+        Raises:
+            BackendTimeoutError: Not ready within ``timeout`` seconds.
+        """
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        path = path or self._api + "/models"
+        last = "no answer yet"
+        while True:
+            try:
+                resp = await self._http.request("GET", path, timeout=max(0.1, min(10.0, timeout)))
+            except BackendError as exc:
+                last = str(exc)
+            else:
+                if resp.status == 200:
+                    return
+                last = str(error_for_status(resp.status, resp.body, resp.headers, backend=self.name))
+            if loop.time() + interval > deadline:
+                raise BackendTimeoutError(
+                    f"{self.base_url} not ready after {timeout} s: {last}", backend=self.name
+                )
+            await asyncio.sleep(interval)
+
+    # -- generate ------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """One request: ``/completions`` for text and token ids, ``/chat/completions`` for chat."""
+        rid = request.request_id
+        self._check_open(rid)
+        params = request.params
+        if params.max_tokens == 0:
+            # OpenAI-compatible servers refuse max_tokens=0 without echo; the answer is known anyway.
+            empty = tuple(
+                Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
+            )
+            return GenerationResult(rid, empty, None, self.model)
+        chat = request.prompt_kind == "chat"
+        payload: dict[str, Any] = {"model": self.model, "max_tokens": params.max_tokens}
+        if chat:
+            payload["messages"] = [dict(m) for m in request.prompt if isinstance(m, Mapping)]
+        else:
+            payload["prompt"] = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+        payload["temperature"] = params.temperature
+        if params.top_p < 1.0:
+            payload["top_p"] = params.top_p
+        if params.top_k is not None:
+            payload["top_k"] = params.top_k  # an extension (vLLM, SGLang); OpenAI itself refuses it
+        if params.n != 1:
+            payload["n"] = params.n
+        if params.seed is not None:
+            payload["seed"] = params.seed
+        if params.stop:
+            payload["stop"] = list(params.stop)
+        if params.logprobs:
+            payload["logprobs"] = True if chat else 0
+        if self.server == "vllm":
+            payload["return_token_ids"] = True
+        body = await self._post("/chat/completions" if chat else "/completions", payload, rid)
+        try:
+            choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+            completions = tuple(self._completion(c, chat, params.logprobs) for c in choices)
+            usage = body.get("usage") or {}
+            prompt_tokens = usage.get("prompt_tokens")
+            model = body.get("model") or self.model
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise self._malformed(rid, exc) from exc
+        if len(completions) != params.n:
+            raise BackendError(
+                f"the server returned {len(completions)} completions for n={params.n}",
+                backend=self.name,
+                request_id=rid,
+                retryable=False,
+            )
+        return GenerationResult(rid, completions, prompt_tokens, model)
+
+    @staticmethod
+    def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
+        text = (choice["message"].get("content") or "") if chat else choice["text"]
+        logprobs = None
+        lp = choice.get("logprobs")
+        if want_logprobs and lp:
+            values = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
+            if all(v is not None for v in values):
+                logprobs = tuple(float(v) for v in values)
+        token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
+        return Completion(text, token_ids, logprobs, choice.get("finish_reason"))
+
+    # -- loglikelihood (vLLM servers) ----------------------------------------------------------------
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score the continuation's tokens given the context's, exactly as the in-process ``vllm`` adapter."""
+        rid = request.request_id
+        self._check_open(rid)
+        self._require_vllm(rid)
+        prefix, stand_in = await self._special_tokens(rid)
+        context, continuation = split_trailing_space(request.context, request.continuation)
+        if not context and stand_in is None:
+            raise self._no_stand_in(rid)
+        texts = [context, context + continuation] if context else [continuation]
+        encoded = dict(
+            zip(texts, await _all_or_nothing([self._tokenize(t, rid) for t in texts]), strict=True)
+        )
+
+        def plan() -> ScoringPlan | None:
+            return plan_loglikelihood(
+                context,
+                continuation,
+                encode=lambda text: encoded[text],
+                prefix=prefix,
+                empty_context_token=stand_in if stand_in is not None else -1,
+                max_prompt_tokens=self._max_prompt_tokens,
+            )
+
+        try:
+            scoring = plan()
+        except KeyError:
+            # The continuation merged into the context's last token: the plan scores it on its own tokens.
+            encoded[continuation] = await self._tokenize(continuation, rid)
+            scoring = plan()
+        if scoring is None:
+            raise RequestRejectedError(
+                f"continuation does not fit in max_model_len={self.max_model_len}",
+                backend=self.name,
+                request_id=rid,
+            )
+        return _result(rid, await self._score(scoring, rid))
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
+        rid = request.request_id
+        self._check_open(rid)
+        self._require_vllm(rid)
+        _, stand_in = await self._special_tokens(rid)
+        if stand_in is None:
+            raise self._no_stand_in(rid)
+        ids = await self._tokenize(request.text, rid)
+        plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
+        windows = await _all_or_nothing([self._score(p, rid) for p in plans])
+        return _result(rid, [item for window in windows for item in window])
+
+    @property
+    def _max_prompt_tokens(self) -> int:
+        # vLLM runs an echo-only request as one generated token: the prompt must leave room for it.
+        return (self.max_model_len - 1) if self.max_model_len else 2**31
+
+    def _require_vllm(self, rid: str | None) -> None:
+        if self.server != "vllm":
+            raise RequestRejectedError(
+                "loglikelihood needs a vLLM server (its /tokenize route and echoed prompt logprobs); "
+                f"{self.base_url} was not recognised as one (pass server='vllm' if it is)",
+                backend=self.name,
+                request_id=rid,
+            )
+
+    def _no_stand_in(self, rid: str | None) -> RequestRejectedError:
+        return RequestRejectedError(
+            "this model's tokenizer adds no BOS token, so an empty context (or a rolling window's start) has "
+            "no token to condition on: give a non-empty context",
+            backend=self.name,
+            request_id=rid,
+        )
+
+    async def _special_tokens(self, rid: str | None) -> tuple[tuple[int, ...], int | None]:
+        """The tokens the tokenizer puts in front of every text (Llama's BOS), found once by probing."""
+        if self._special is not None:
+            return self._special
+        if self._special_lock is None:
+            self._special_lock = asyncio.Lock()
+        async with self._special_lock:
+            if self._special is None:
+                with_special, plain = await _all_or_nothing(
+                    [self._tokenize("a", rid, special=True), self._tokenize("a", rid)]
+                )
+                n = len(with_special) - len(plain)
+                prefix = tuple(with_special[:n]) if n > 0 and with_special[n:] == plain else ()
+                self._special = (prefix, prefix[0] if prefix else None)
+        return self._special
+
+    async def _tokenize(self, text: str, rid: str | None, special: bool = False) -> list[int]:
+        payload = {"model": self.model, "prompt": text, "add_special_tokens": special}
+        resp = await self._http.request("POST", "/tokenize", json_body=payload, request_id=rid)
+        if resp.status == 404:
+            raise RequestRejectedError(
+                f"{self._http.base_url}/tokenize does not exist: loglikelihood needs vLLM's server",
+                backend=self.name,
+                request_id=rid,
+            )
+        body = self._json(resp, rid)
+        try:
+            return [int(t) for t in body["tokens"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._malformed(rid, exc) from exc
+
+    async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
+        """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
+        payload = {
+            "model": self.model,
+            "prompt": list(plan.token_ids),
+            "max_tokens": 0,
+            "echo": True,
+            "logprobs": 1,
+            "temperature": 0.0,
+            "return_tokens_as_token_ids": True,
+        }
+        body = await self._post("/completions", payload, rid)
+        try:
+            lp = body["choices"][0]["logprobs"]
+            tokens, values, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+            n = len(plan.token_ids)
+            if len(tokens) < n or tokens[:n] != [f"token_id:{t}" for t in plan.token_ids]:
+                raise ValueError("the echoed tokens are not the prompt's (is this a vLLM server?)")
+            scored = []
+            for i in range(n - plan.scored, n):
+                value = float(values[i])
+                top = tops[i] or {}
+                scored.append((value, value >= max(top.values(), default=value)))
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise self._malformed(rid, exc) from exc
+        return scored
+
+    # -- wire ----------------------------------------------------------------------------------------
+
+    async def _post(self, path: str, payload: Any, rid: str | None) -> Any:
+        return self._json(
+            await self._http.request("POST", self._api + path, json_body=payload, request_id=rid), rid
+        )
+
+    def _json(self, resp: HTTPResponse, rid: str | None) -> Any:
+        if resp.status >= 300:
+            error = error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
+            if resp.status == 429 and b"insufficient_quota" in resp.body:
+                # OpenAI's "out of credit" is a 429 too, but no amount of waiting fixes it.
+                raise RequestRejectedError(error.message, backend=self.name, request_id=rid)
+            raise error
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise self._malformed(rid, exc) from exc
+
+    def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
+        return BackendError(
+            f"malformed OpenAI-compatible response: {type(exc).__name__}: {exc}",
+            backend=self.name,
+            request_id=rid,
+        )
+
+
+def _result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
+    logprobs = tuple(lp for lp, _ in scored)
+    return LoglikelihoodResult(
+        rid,
+        sum(logprobs),
+        is_greedy=all(g for _, g in scored),
+        num_tokens=len(scored),
+        token_logprobs=logprobs,
+    )
