@@ -1,0 +1,111 @@
+"""Token arithmetic for scoring with vLLM: pure functions, no engine, no vLLM import.
+
+Scoring works on token ids, never on strings: the context and context+continuation are encoded separately
+and the continuation's tokens are the tail of the whole encoding beyond the context's (lm-eval's approach),
+so a token that merges across the boundary is scored once, as the model would see it. vLLM then returns
+each prompt token's logprob and rank given the tokens before it (``prompt_logprobs=0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ScoringPlan", "Tokenizer", "plan_loglikelihood", "plan_rolling", "split_trailing_space"]
+
+Tokenizer = Callable[[str], list[int]]
+"""Encodes text to token ids without special tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringPlan:
+    """One engine prompt and how many of its last tokens are scored.
+
+    Attributes:
+        token_ids: The prompt sent to the engine (at least ``scored + 1`` tokens).
+        scored: How many trailing tokens of ``token_ids`` are summed.
+        truncated: How many leading context tokens were dropped to fit the model.
+    """
+
+    token_ids: tuple[int, ...]
+    scored: int
+    truncated: int = 0
+
+
+def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
+    """Move the context's trailing whitespace to the continuation, as lm-eval does before encoding.
+
+    Tokenizers attach a leading space to the next word (``" Paris"``), so ``"is " + "Paris"`` would score an
+    unnatural lone-space token; ``"is" + " Paris"`` scores the token the model actually predicts.
+    """
+    stripped = context.rstrip()
+    if len(stripped) == len(context):
+        return context, continuation
+    return stripped, context[len(stripped) :] + continuation
+
+
+def plan_loglikelihood(
+    context: str,
+    continuation: str,
+    *,
+    encode: Tokenizer,
+    prefix: Sequence[int],
+    empty_context_token: int,
+    max_prompt_tokens: int,
+) -> ScoringPlan | None:
+    """Plan the prompt that scores ``continuation`` after ``context``.
+
+    Args:
+        context: Conditioning text; empty means the model's BOS (or EOS) token alone.
+        continuation: Text to score (not empty).
+        encode: The engine tokenizer, without special tokens.
+        prefix: Special tokens the tokenizer puts in front of every text (``[bos]`` for Llama-like ones).
+        empty_context_token: The token that stands in for an empty context.
+        max_prompt_tokens: The longest prompt the engine scores (``max_model_len - 1``).
+
+    Returns:
+        The plan, or ``None`` when the continuation alone does not fit (it cannot be scored whole). An
+        over-long context is truncated from the left, as lm-eval does.
+    """
+    context, continuation = split_trailing_space(context, continuation)
+    if context:
+        context_ids = [*prefix, *encode(context)]
+        whole = [*prefix, *encode(context + continuation)]
+        continuation_ids = whole[len(context_ids) :]
+        if not continuation_ids:
+            # The continuation merged into the context's last token: score it as its own tokens instead.
+            continuation_ids = encode(continuation)
+            whole = context_ids + continuation_ids
+    else:
+        continuation_ids = encode(continuation)
+        whole = [empty_context_token, *continuation_ids]
+    scored = len(continuation_ids)
+    if scored == 0 or scored + 1 > max_prompt_tokens:
+        return None
+    truncated = max(0, len(whole) - max_prompt_tokens)
+    return ScoringPlan(tuple(whole[truncated:]), scored, truncated)
+
+
+def plan_rolling(token_ids: Sequence[int], *, prefix_token: int, max_prompt_tokens: int) -> list[ScoringPlan]:
+    """Split a whole text into windows that score every token exactly once (lm-eval's rolling windows).
+
+    The first window starts with ``prefix_token`` so the text's first token is scored too; each later
+    window scores the next ``max_prompt_tokens - 1`` tokens at most and fills the rest of the model's length
+    with the tokens just before them as context, so every token is scored with as much context as fits.
+
+    Args:
+        token_ids: The text's tokens, without special tokens.
+        prefix_token: The BOS (or EOS) token that conditions the first token.
+        max_prompt_tokens: The longest prompt the engine scores (at least 2).
+    """
+    if max_prompt_tokens < 2:
+        raise ValueError("max_prompt_tokens must be at least 2")
+    sequence = [prefix_token, *token_ids]
+    plans = []
+    done = 1  # position 0 is the prefix: never scored
+    while done < len(sequence):
+        end = min(len(sequence), done + max_prompt_tokens - 1)
+        start = max(0, end - max_prompt_tokens)
+        plans.append(ScoringPlan(tuple(sequence[start:end]), end - done))
+        done = end
+    return plans

@@ -1,0 +1,427 @@
+"""`VLLMBackend` (name ``vllm``): an in-process vLLM ``AsyncLLM`` engine.
+
+The engine lives on the shared loop: `create` builds it there (through `create_backend`), and every request
+runs there, because ``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
+exactly one engine request (a rolling loglikelihood sends one per window) and drains its generator inside
+``contextlib.aclosing`` with ``RequestOutputKind.FINAL_ONLY``, so a cancelled or abandoned call aborts its
+engine request instead of leaving it running.
+
+Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
+several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
+plain async evaluation run at a quarter of offline speed. This adapter builds the engine with
+``UsageContext.LLM_CLASS`` and, like ``LLM``, with stats logging off, unless the options say otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+import warnings
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+
+# vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
+# (pytest's filterwarnings=error) they would make the adapter unimportable.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import vllm
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm import TokensPrompt
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError, VLLMError
+    from vllm.outputs import RequestOutput
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+from ..errors import (
+    BackendBrokenError,
+    BackendClosedError,
+    BackendError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
+from ..protocol import BaseBackend
+from ..registry import check_options
+from ..types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
+from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling
+
+__all__ = ["VLLMBackend"]
+
+T = TypeVar("T")
+
+# Engine options that change outputs: they go into the response cache's fingerprint.
+_FINGERPRINT_OPTIONS = (
+    "tokenizer",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+    "quantization",
+    "load_format",
+    "hf_overrides",
+    "kv_cache_dtype",
+    "seed",
+    "enable_lora",
+    "max_lora_rank",
+    "generation_config",
+    "override_generation_config",
+)
+
+_ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+class VLLMBackend(BaseBackend):
+    """An in-process vLLM engine. Build it with ``create_backend("vllm", model=..., **engine_args)``.
+
+    Args:
+        engine: A running ``AsyncLLM``, built on the shared loop.
+        model: The model path or hub id it serves.
+        engine_args: The options it was built with (for the fingerprint).
+        max_concurrency: The concurrency hint for `gather`; ``None`` picks one from the scheduler limits.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        *,
+        model: str,
+        engine_args: Mapping[str, Any] | None = None,
+        max_concurrency: int | None = None,
+    ) -> None:
+        self._engine: AsyncLLM | None = engine
+        self.model = model
+        self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
+        self._engine_args = dict(engine_args or {})
+        self.max_model_len: int = engine.model_config.max_model_len
+        self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
+        tokenizer = engine.get_tokenizer()
+        self.tokenizer: Any = tokenizer
+        bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+        probe = tokenizer.encode("a", add_special_tokens=True)
+        # Scoring mirrors generation: the special tokens the tokenizer puts in front of a text (Llama's BOS)
+        # are in front of a scored context too. Detected once, instead of trusting add_special_tokens to
+        # add nothing at the end (some tokenizers append EOS, which would break the tail split).
+        self._prefix: tuple[int, ...] = (bos,) if bos is not None and probe[:1] == [bos] else ()
+        stand_in = bos if bos is not None else eos
+        if stand_in is None:
+            raise InvalidRequestError(f"model {model!r}: its tokenizer has neither a BOS nor an EOS token")
+        self._stand_in: int = stand_in
+        # The engine refuses a prompt that leaves no room for one generated token.
+        self._max_prompt_tokens = self.max_model_len - 1
+        # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
+        # that each step finds a full batch (see docs/benchmarks.md for the measurement).
+        hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
+        self.capabilities = Capabilities(
+            loglikelihood=True,
+            rolling_loglikelihood=True,
+            is_greedy=True,
+            n_samples=True,
+            seed=True,
+            chat=True,
+            token_ids=True,
+            logprobs=True,
+            stop=True,
+            max_concurrency=hint,
+        )
+
+    @classmethod
+    async def create(cls, model: str, **engine_args: Any) -> VLLMBackend:
+        """Build an ``AsyncLLM`` on the running (shared) loop and wrap it.
+
+        Args:
+            model: A model directory or hub id.
+            **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
+                ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
+                ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
+                ``disable_log_stats`` defaults to true, as with ``LLM``.
+
+        Raises:
+            InvalidRequestError: An option that is not an ``AsyncEngineArgs`` field (close matches named), or
+                one the engine refuses.
+            BackendBrokenError: The engine failed to start.
+        """
+        check_options(cls.name, engine_args, _ENGINE_ARG_NAMES - {"model"})
+        options = {"disable_log_stats": True, **engine_args}
+        try:
+            args = AsyncEngineArgs(model=model, **options)
+        except (TypeError, ValueError, VLLMError) as exc:
+            raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
+        try:
+            # Blocks the shared loop during start-up, deliberately: the engine must be created on this loop.
+            engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
+        except Exception as exc:
+            raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
+        return cls(engine, model=model, engine_args=engine_args)
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """The model and the engine options that change outputs, for the response cache."""
+        fingerprint: dict[str, Any] = {
+            "name": self.name,
+            "model": self.model,
+            "dtype": self._dtype,
+            "max_model_len": self.max_model_len,
+            "vllm": vllm.__version__,
+        }
+        for option in _FINGERPRINT_OPTIONS:
+            if option in self._engine_args:
+                fingerprint[option] = self._engine_args[option]
+        return fingerprint
+
+    @property
+    def engine(self) -> AsyncLLM:
+        """The ``AsyncLLM`` itself, for what this adapter does not cover; use it on the shared loop only.
+
+        Raises:
+            BackendClosedError: After `aclose`.
+        """
+        self._check_open()
+        assert self._engine is not None
+        return self._engine
+
+    # -- the engine boundary ---------------------------------------------------------------------------
+
+    async def _run(
+        self, prompt: TokensPrompt, params: VLLMSamplingParams, request_id: str | None
+    ) -> RequestOutput:
+        """Send one engine request, drain it, and translate engine errors to ours."""
+        engine = self.engine  # raises BackendClosedError after aclose
+        final: RequestOutput | None = None
+        try:
+            # aclosing: leaving early (cancellation) closes the generator, which aborts the engine request.
+            stream = engine.generate(prompt, params, f"ab-{uuid.uuid4().hex}")
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    final = output
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as exc:
+            raise self._dead(exc, request_id) from exc
+        except GracefulHTTPError as exc:  # the engine's queue limits (max_num_queued_reqs): slow down
+            raise RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id) from exc
+        except VLLMClientError as exc:  # validation: prompt too long, token id out of vocabulary...
+            raise RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id) from exc
+        except Exception as exc:
+            if self._closed or (self._engine is not None and self._engine.errored):
+                raise self._dead(exc, request_id) from exc
+            raise BackendError(
+                f"vllm: {type(exc).__name__}: {exc}",
+                backend=self.name,
+                request_id=request_id,
+                retryable=False,
+            ) from exc
+        if final is None or not final.finished:
+            raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
+        return final
+
+    def _dead(self, exc: BaseException, request_id: str | None) -> BackendError:
+        if self._closed:
+            return BackendClosedError("vllm backend was closed", backend=self.name, request_id=request_id)
+        return BackendBrokenError(
+            f"the vllm engine died ({type(exc).__name__}); build a new backend",
+            backend=self.name,
+            request_id=request_id,
+        )
+
+    # -- generation --------------------------------------------------------------------------------------
+
+    def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
+        try:
+            return VLLMSamplingParams(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k or 0,
+                stop=list(params.stop) or None,
+                max_tokens=params.max_tokens,
+                seed=params.seed,
+                logprobs=0 if params.logprobs else None,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+        except (ValueError, VLLMError) as exc:
+            raise InvalidRequestError(f"vllm refused the sampling parameters: {exc}") from exc
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            # Encoded here rather than by vLLM: passing raw strings to AsyncLLM is deprecated in vLLM.
+            ids: list[int] = self.tokenizer.encode(prompt, add_special_tokens=True)
+            return ids
+        if request.prompt_kind == "tokens":
+            return list(prompt)  # type: ignore[arg-type]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in prompt],  # type: ignore[arg-type]  # prompt_kind == "chat"
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        except Exception as exc:  # no chat template, or the template refuses these messages
+            raise RequestRejectedError(
+                f"vllm: cannot apply the chat template of {self.model!r}: {exc}",
+                backend=self.name,
+                request_id=request.request_id,
+            ) from exc
+        # The template writes its own special tokens (BOS); encoding must not add a second one.
+        chat_ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_ids
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
+        self._check_open(request.request_id)
+        params = request.params
+        prompt_ids = self._prompt_ids(request)
+        if params.max_tokens == 0:
+            # vLLM refuses max_tokens=0; the answer is known without asking it.
+            empty = tuple(
+                Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
+            )
+            return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
+        output = await self._run(
+            TokensPrompt(prompt_token_ids=prompt_ids), self._sampling(params), request.request_id
+        )
+        outputs = sorted(output.outputs, key=lambda c: c.index)
+        if len(outputs) != params.n:
+            raise BackendError(
+                f"vllm returned {len(outputs)} completions for n={params.n}",
+                backend=self.name,
+                request_id=request.request_id,
+                retryable=False,
+            )
+        completions = []
+        for out in outputs:
+            token_ids = tuple(out.token_ids)
+            logprobs = None
+            if params.logprobs and out.logprobs is not None:
+                logprobs = tuple(
+                    _logprob_of(step, token) for step, token in zip(out.logprobs, token_ids, strict=True)
+                )
+            completions.append(Completion(out.text, token_ids, logprobs, out.finish_reason))
+        return GenerationResult(
+            request.request_id,
+            tuple(completions),
+            prompt_tokens=len(output.prompt_token_ids or ()),
+            model=self.model,
+        )
+
+    # -- scoring -------------------------------------------------------------------------------------
+
+    async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, int]]:
+        """The (logprob, rank) of each of the plan's scored tokens."""
+        params = VLLMSamplingParams(
+            max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
+        output = await self._run(TokensPrompt(prompt_token_ids=list(plan.token_ids)), params, request_id)
+        rows = output.prompt_logprobs
+        if rows is None or len(rows) != len(plan.token_ids):
+            raise BackendError("vllm returned no prompt logprobs", backend=self.name, request_id=request_id)
+        scored = []
+        for token, row in zip(plan.token_ids[-plan.scored :], rows[-plan.scored :], strict=True):
+            entry = row[token] if row is not None else None
+            if entry is None:
+                raise BackendError("vllm omitted a prompt logprob", backend=self.name, request_id=request_id)
+            scored.append((float(entry.logprob), int(entry.rank or 0)))
+        return scored
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score the continuation's tokens given the context's (see `AsyncBackend.loglikelihood`).
+
+        A context too long for the model is truncated from the left; a continuation that alone does not
+        fit is refused with `RequestRejectedError`.
+        """
+        self._check_open(request.request_id)
+        plan = plan_loglikelihood(
+            request.context,
+            request.continuation,
+            encode=self._encode,
+            prefix=self._prefix,
+            empty_context_token=self._stand_in,
+            max_prompt_tokens=self._max_prompt_tokens,
+        )
+        if plan is None:
+            raise RequestRejectedError(
+                f"continuation does not fit in max_model_len={self.max_model_len}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
+        scored = await self._score(plan, request.request_id)
+        logprobs = tuple(lp for lp, _ in scored)
+        return LoglikelihoodResult(
+            request.request_id,
+            sum(logprobs),
+            is_greedy=all(rank == 1 for _, rank in scored),
+            num_tokens=len(scored),
+            token_logprobs=logprobs,
+        )
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
+        self._check_open(request.request_id)
+        plans = plan_rolling(
+            self._encode(request.text), prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens
+        )
+        windows = await _all_or_nothing([self._score(plan, request.request_id) for plan in plans])
+        scored = [item for window in windows for item in window]
+        logprobs = tuple(lp for lp, _ in scored)
+        return LoglikelihoodResult(
+            request.request_id,
+            sum(logprobs),
+            is_greedy=all(rank == 1 for _, rank in scored),
+            num_tokens=len(scored),
+            token_logprobs=logprobs,
+        )
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    async def _aclose(self) -> None:
+        # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+            # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
+            # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
+            del engine
+
+
+def _logprob_of(step: Mapping[int, Any] | None, token: int) -> float:
+    entry = step.get(token) if step is not None else None
+    return float(entry.logprob) if entry is not None else float("nan")
+
+
+async def _all_or_nothing(awaitables: Sequence[Awaitable[T]]) -> list[T]:
+    """Run the windows of one request together; the first failure (or a cancellation) cancels the rest."""
+    if len(awaitables) == 1:
+        return [await awaitables[0]]
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return [task.result() for task in tasks]
