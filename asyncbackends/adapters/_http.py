@@ -39,6 +39,7 @@ __all__ = [
     "error_from_exception",
     "error_message",
     "parse_retry_after",
+    "poll_until_ok",
     "resolve_token",
 ]
 
@@ -288,6 +289,40 @@ class HTTPTransport:
         else:
             # aclose() awaited from another loop: the pool belongs to the session's loop, close it there.
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+
+
+async def poll_until_ok(
+    transport: HTTPTransport, path: str, *, timeout: float, interval: float, what: str
+) -> None:
+    """Poll ``GET path`` until it answers 200 (a server's health route), within ``timeout`` seconds.
+
+    Args:
+        transport: The transport to send with (its token and headers go along).
+        path: The route to poll, for example ``/health``.
+        timeout: Seconds to keep trying.
+        interval: Seconds between attempts.
+        what: What is being waited for, for the error message.
+
+    Raises:
+        BackendTimeoutError: No 200 within ``timeout``; the message quotes the last answer.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = "no answer yet"
+    while True:
+        left = deadline - loop.time()
+        try:
+            resp = await transport.request("GET", path, timeout=max(0.1, min(30.0, left)))
+        except BackendError as exc:
+            last = str(exc)
+        else:
+            if resp.status == 200:
+                return
+            last = str(error_for_status(resp.status, resp.body, resp.headers, backend=transport.backend))
+        if loop.time() + interval > deadline:
+            message = f"{what} not ready after {timeout} s: {last}"
+            raise BackendTimeoutError(message, backend=transport.backend)
+        await asyncio.sleep(interval)
 
 
 _JSON_CONTENT = {"Content-Type": "application/json"}

@@ -29,7 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from ..errors import BackendError, BackendTimeoutError, InvalidRequestError, RequestRejectedError
+from ..errors import BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     Capabilities,
@@ -40,7 +40,7 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._http import HTTPResponse, HTTPTransport, error_for_status
+from ._http import HTTPResponse, HTTPTransport, error_for_status, poll_until_ok
 from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
 from .tgi import _all_or_nothing
 
@@ -229,24 +229,8 @@ class OpenAIBackend(BaseBackend):
             BackendTimeoutError: Not ready within ``timeout`` seconds.
         """
         self._check_open()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         path = path or self._api + "/models"
-        last = "no answer yet"
-        while True:
-            try:
-                resp = await self._http.request("GET", path, timeout=max(0.1, min(10.0, timeout)))
-            except BackendError as exc:
-                last = str(exc)
-            else:
-                if resp.status == 200:
-                    return
-                last = str(error_for_status(resp.status, resp.body, resp.headers, backend=self.name))
-            if loop.time() + interval > deadline:
-                raise BackendTimeoutError(
-                    f"{self.base_url} not ready after {timeout} s: {last}", backend=self.name
-                )
-            await asyncio.sleep(interval)
+        await poll_until_ok(self._http, path, timeout=timeout, interval=interval, what=self.base_url)
 
     # -- generate ------------------------------------------------------------------------------------
 
