@@ -21,9 +21,7 @@ In its own process (benchmarks): ``python -m asyncbackends.testing.fake_tgi --la
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
 import random
 import time
@@ -35,10 +33,11 @@ from aiohttp import web
 
 from . import openapi
 from .fake_tgi_model import FakeModel, Generation
+from .fake_tgi_responses import details_json, timing_headers, tokens_json
 from .fake_tgi_validation import Limits, ValidRequest, WireError, deserialize_parameters, parse_body
 from .fake_tgi_validation import validate_generate as _validate
 
-__all__ = ["FakeTGIServer", "Limits", "main"]
+__all__ = ["FakeTGIServer", "Limits"]
 
 _FINISH_OPENAI = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -264,41 +263,6 @@ class FakeTGIServer:
             truncate=req.truncate,
         )
 
-    @staticmethod
-    def _tokens(gen: Generation) -> list[dict[str, Any]]:
-        return [{"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special} for t in gen.tokens]
-
-    def _details(self, req: ValidRequest, gen: Generation) -> dict[str, Any]:
-        prefill = []
-        if req.decoder_input_details:
-            prefill = [
-                {"id": t.id, "text": t.text, "logprob": t.logprob} for t in self.model.prefill(req.inputs)
-            ]
-        return {
-            "finish_reason": gen.finish_reason,
-            "generated_tokens": len(gen.tokens),
-            "seed": gen.seed,
-            "prefill": prefill,
-            "tokens": self._tokens(gen),
-            "top_tokens": [],
-        }
-
-    def _headers(self, req: ValidRequest, gen: Generation, started: float) -> dict[str, str]:
-        total_ms = str(int((time.monotonic() - started) * 1000))
-        return {
-            "x-compute-type": "cpu+fake",
-            "x-compute-time": total_ms,
-            "x-compute-characters": str(len(req.inputs)),
-            "x-total-time": total_ms,
-            "x-validation-time": "0",
-            "x-queue-time": "0",
-            "x-inference-time": total_ms,
-            "x-time-per-token": str(int(total_ms) // max(1, len(gen.tokens))),
-            "x-prompt-tokens": str(req.input_length),
-            "x-generated-tokens": str(len(gen.tokens)),
-            "x-total-tokens": str(req.input_length + len(gen.tokens)),
-        }
-
     async def _one_generation(
         self, request: web.Request, body: Any, key: str
     ) -> tuple[ValidRequest, Generation, Any]:
@@ -309,16 +273,16 @@ class FakeTGIServer:
         text = req.inputs + gen.text if req.return_full_text else gen.text
         response: dict[str, Any] = {"generated_text": text}
         if req.details:
-            details = self._details(req, gen)
+            details = details_json(self.model, req, gen)
             if req.best_of > 1:
                 others = [
                     self._run_model(req, seed=self._rng.getrandbits(63)) for _ in range(req.best_of - 1)
                 ]
                 details["best_of_sequences"] = [
-                    {**self._details(req, g), "generated_text": g.text} for g in others
+                    {**details_json(self.model, req, g), "generated_text": g.text} for g in others
                 ]
             response["details"] = details
-        return req, gen, (response, self._headers(req, gen, started))
+        return req, gen, (response, timing_headers(req, gen, started))
 
     # -- routes --------------------------------------------------------------------------------------
 
@@ -357,7 +321,7 @@ class FakeTGIServer:
             # The spec gives streamed errors as one server-sent event carrying the ErrorResponse.
             return await self._sse(request, path, err.status, [err.body])
         gen = self._run_model(req)
-        tokens = self._tokens(gen)
+        tokens = tokens_json(gen)
         events = []
         for index, token in enumerate(tokens):
             event: dict[str, Any] = {"index": index, "token": token, "top_tokens": [], "generated_text": None}
@@ -445,7 +409,7 @@ class FakeTGIServer:
                     "total_tokens": req.input_length + len(gen.tokens),
                 },
             }
-            return self._reply("/v1/chat/completions", 200, response, self._headers(req, gen, started))
+            return self._reply("/v1/chat/completions", 200, response, timing_headers(req, gen, started))
 
         result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)
         return result
@@ -482,43 +446,7 @@ class FakeTGIServer:
         return self._reply("/health", 503, {"error": "unhealthy", "error_type": "healthcheck"})
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_tgi --latency 0.02``."""
-    parser = argparse.ArgumentParser(description="A TGI look-alike server for tests and benchmarks.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--jitter", type=float, default=0.0)
-    parser.add_argument("--max-concurrent-requests", type=int, default=128)
-    parser.add_argument("--rate-429", type=float, default=0.0)
-    parser.add_argument("--rate-503", type=float, default=0.0)
-    parser.add_argument("--check-schema", action="store_true", help="validate exchanges (slow)")
-    args = parser.parse_args(argv)
-
-    async def serve() -> None:
-        server = FakeTGIServer(
-            limits=Limits(max_concurrent_requests=args.max_concurrent_requests),
-            latency=args.latency,
-            jitter=args.jitter,
-            rate_429=args.rate_429,
-            rate_503=args.rate_503,
-            check_schema=args.check_schema,
-            record=False,
-            host=args.host,
-            port=args.port,
-        )
-        async with server:
-            print(f"listening on {server.url}", flush=True)
-            await asyncio.Event().wait()
-
-    runner: Any = asyncio.run
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        runner = uvloop.run
-    with contextlib.suppress(KeyboardInterrupt):
-        runner(serve())
-
-
 if __name__ == "__main__":
+    from .fake_tgi_cli import main
+
     main()
