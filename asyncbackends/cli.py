@@ -50,12 +50,20 @@ __all__ = ["main", "parse_option_value", "parse_options", "parse_request"]
 _MAX_REPORTED = 20
 
 
+_OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None, "null": None}
+
+
 def parse_option_value(text: str) -> Any:
-    """Read a ``--option`` value: JSON where it parses (numbers, booleans, null, lists), else the string."""
+    """Read one option value: JSON where it parses, else true/false/none in any case, else the text.
+
+    Examples: ``"8"`` -> ``8``, ``"0.5"`` -> ``0.5``, ``"True"`` -> ``True``, ``"[1, 2]"`` -> ``[1, 2]``,
+    ``'"8"'`` -> ``"8"`` (quote a number to keep it text), ``"float32"`` -> ``"float32"``.
+    """
+    stripped = text.strip()
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return json.loads(stripped)
+    except ValueError:
+        return _OPTION_WORDS.get(stripped.lower(), text)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -206,7 +214,8 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     from .testing.contract import run_contract
 
-    return run_contract(args.name, parse_options(args.option), list(args.pytest_args))
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    return run_contract(args.name, parse_options(args.option), list(extra))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -232,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
     contract.add_argument("name", help="adapter name")
     contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
-    contract.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    contract.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments, after --")
     return parser
 
 

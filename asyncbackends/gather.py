@@ -369,6 +369,7 @@ class _Engine:
                 return error
             if self.metrics is not None:
                 self.metrics.retries += 1
+                self.metrics.retried_errors[type(error).__name__] += 1
             await asyncio.sleep(self.retry.delay(attempt, error, self.rng))
             attempt += 1
 

@@ -33,6 +33,7 @@ class RunMetrics:
         successes: Requests that ended in a result (cache hits included).
         cache_hits: Results read from the cache instead of sent.
         retries: Attempts beyond each request's first.
+        retried_errors: The errors that caused those retries, by type name.
         errors: Failed requests by error type name.
         prompt_tokens: Prompt tokens over all results that reported them.
         completion_tokens: Generated tokens over all results.
@@ -43,6 +44,7 @@ class RunMetrics:
     successes: int = 0
     cache_hits: int = 0
     retries: int = 0
+    retried_errors: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -80,6 +82,7 @@ class RunMetrics:
             "failed": self.failed,
             "errors": dict(self.errors),
             "retries": self.retries,
+            "retried_errors": dict(self.retried_errors),
             "cache_hits": self.cache_hits,
             "elapsed_s": elapsed,
             "requests_per_s": done / elapsed if elapsed > 0 else None,

@@ -16,12 +16,12 @@ value of an option whose name says it is a credential: token, key, secret, passw
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
+from ..cli import parse_option_value
 from ..registry import create_backend
 
 __all__ = ["CONTRACT_TARGET", "parse_backend_options", "parse_option_value"]
@@ -30,22 +30,6 @@ CONTRACT_TARGET = pytest.StashKey[tuple[str, Mapping[str, Any]]]()
 """Where `run_contract` hands the plugin a name and already-typed options, bypassing the command line."""
 
 _SECRET_WORDS = ("token", "key", "secret", "password")
-_OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None, "null": None}
-
-
-def parse_option_value(text: str) -> Any:
-    """Read one option value: JSON where it parses, else true/false/none in any case, else the text.
-
-    Examples: ``"8"`` -> ``8``, ``"0.5"`` -> ``0.5``, ``"true"`` and ``"True"`` -> ``True``, ``"[1, 2]"`` ->
-    ``[1, 2]``, ``'{"a": 1}'`` -> ``{"a": 1}``, ``'"8"'`` -> ``"8"`` (quote a number to keep it text),
-    ``"float32"`` -> ``"float32"``.
-    """
-    stripped = text.strip()
-    try:
-        return json.loads(stripped)
-    except ValueError:
-        pass
-    return _OPTION_WORDS.get(stripped.lower(), text)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
