@@ -1,0 +1,265 @@
+"""lighteval on any asyncbackends backend, through lighteval's custom-model route.
+
+lighteval's pipeline is synchronous and calls the model once per sampling method with every document of
+the run. `AsyncBackendsModel` turns each call into one `run_batch` on the shared loop (bounded concurrency,
+retries, order kept), so an async engine such as vLLM's ``AsyncLLM`` keeps one event loop for the whole run
+instead of one ``asyncio.run`` per batch. ``num_samples`` (pass@k) becomes ``SamplingParams(n=...)``: one
+request per document, the backend returning every sample.
+
+Two ways in (see docs/integrations/lighteval.md):
+
+* Python: ``Pipeline(model=AsyncBackendsModel(AsyncBackendsModelConfig(model_name=..., backend="vllm",
+  backend_options={...})), ...)``, or ``model_config=AsyncBackendsModelConfig(...)``.
+* ``lighteval custom NAME my_model.py TASKS`` where ``my_model.py`` subclasses `AsyncBackendsModel` and sets
+  `AsyncBackendsModel.config_defaults`.
+
+This file is also loaded by lighteval as a custom-model definition file (outside its package), so it uses
+absolute imports only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+try:
+    from lighteval.models.abstract_model import LightevalModel
+    from lighteval.models.custom.custom_model import CustomModelConfig
+    from lighteval.models.model_output import ModelResponse
+    from lighteval.tasks.prompt_manager import PromptManager
+    from lighteval.tasks.requests import Doc, SamplingMethod
+    from lighteval.utils.cache_management import SampleCache, cached
+    from pydantic import Field
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
+    raise ModuleNotFoundError(
+        f"asyncbackends.integrations.lighteval needs lighteval ({exc.name!r} is missing): "
+        "pip install 'asyncbackends[lighteval]'",
+        name=exc.name,
+    ) from exc
+
+from asyncbackends.gather import RetryPolicy, run_batch
+from asyncbackends.loop import get_loop_manager
+from asyncbackends.protocol import AsyncBackend
+from asyncbackends.registry import create_backend
+from asyncbackends.types import (
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Prompt,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
+
+__all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
+
+_DEFAULT_MAX_TOKENS = 256
+
+
+class AsyncBackendsModelConfig(CustomModelConfig):
+    """Which backend to build and how to gather requests; a lighteval `CustomModelConfig`.
+
+    Attributes:
+        model_name: The name lighteval records results and caches under.
+        backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"openai"``, ``"mock"``...).
+        backend_options: Passed to `create_backend` unchanged (``model``, ``dtype``, ``url``...).
+        concurrency: Requests in flight; ``None`` takes the backend's own hint.
+        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        max_attempts: Attempts per request for retryable errors, the first included.
+        use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring).
+        max_length: The model's context length, reported to lighteval; ``None`` asks the backend.
+        progress: Show a progress bar per batch.
+        model_definition_file_path: Where lighteval's loader finds the model class; this module by default.
+    """
+
+    model_definition_file_path: str = __file__
+    backend: str = "mock"
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    concurrency: int | None = None
+    timeout: float | None = None
+    max_attempts: int = 3
+    use_chat_template: bool = False
+    max_length: int | None = None
+    progress: bool = True
+
+
+def _split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
+    # As lighteval's own models do before encoding: "is " + "Paris" would score a lone space token.
+    stripped = context.rstrip()
+    return stripped, context[len(stripped) :] + continuation
+
+
+class AsyncBackendsModel(LightevalModel):
+    """A lighteval model that sends every request through an asyncbackends backend.
+
+    Args:
+        config: An `AsyncBackendsModelConfig`; a plain ``CustomModelConfig`` (the ``lighteval custom``
+            command) is completed from `config_defaults`.
+        backend: An already built backend to wrap instead of building one from the config; it is then left
+            open by `cleanup`.
+    """
+
+    config_defaults: ClassVar[dict[str, Any]] = {}
+    """Config fields a subclass fixes for the ``lighteval custom`` command, e.g. ``{"backend": "vllm"}``."""
+
+    def __init__(self, config: CustomModelConfig, backend: AsyncBackend | None = None) -> None:
+        # lighteval loads a definition file by executing it outside its package, so this class may come from
+        # such a copy of this module: always use the config class of the importable one.
+        from asyncbackends.integrations.lighteval import AsyncBackendsModelConfig as config_class
+
+        if not isinstance(config, config_class):
+            # A plain CustomModelConfig (the `lighteval custom` command): completed from config_defaults.
+            fields = {**type(self).config_defaults, **config.model_dump(exclude_unset=True)}
+            config = config_class(**fields)
+        self.config = config
+        self._owns_backend = backend is None
+        self.backend: AsyncBackend = (
+            backend if backend is not None else create_backend(config.backend, **config.backend_options)
+        )
+        self.retry = RetryPolicy(max_attempts=config.max_attempts)
+        self.prompt_manager = PromptManager(config.use_chat_template, self.tokenizer, config.system_prompt)
+        self._cache = SampleCache(config)
+
+    # -- what lighteval asks of every model --------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        """The backend's tokenizer where it has one (vLLM), for chat templates; else ``None``."""
+        return getattr(self.backend, "tokenizer", None)
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """Special tokens are the backend's business: it adds what its model expects."""
+        return True
+
+    @property
+    def max_length(self) -> int:
+        """The model's context length: from the config, else the backend's, else 4096."""
+        configured = self.config.max_length or getattr(self.backend, "max_model_len", None)
+        return int(configured or 4096)
+
+    def cleanup(self) -> None:
+        """Close the backend if this model built it."""
+        if self._owns_backend:
+            get_loop_manager().run(self.backend.aclose())
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    @property
+    def _name(self) -> str:
+        return str(getattr(self.backend, "name", type(self.backend).__name__))
+
+    def _run(self, requests: Sequence[Any], label: str) -> list[Any]:
+        return run_batch(
+            self.backend,
+            requests,
+            concurrency=self.config.concurrency,
+            timeout=self.config.timeout,
+            retry=self.retry,
+            progress=f"{self._name}: {label}" if self.config.progress else False,
+        )
+
+    def _chat(self) -> bool:
+        return bool(self.config.use_chat_template)
+
+    def sampling_params(self, doc: Doc) -> SamplingParams:
+        """The `SamplingParams` for one document: its size, stops and samples, the config's sampling.
+
+        ``num_samples > 1`` needs a temperature above 0 in the config's ``generation_parameters``, as with
+        lighteval's own vLLM model. With a chat template the task's stop sequences are not sent (the model
+        ends its turn itself), as lighteval's models do.
+        """
+        generation = self.config.generation_parameters
+        stop = [] if self._chat() else list(doc.stop_sequences or [])
+        stop += [s for s in generation.stop_tokens or [] if s not in stop]
+        temperature = float(generation.temperature or 0.0)
+        return SamplingParams(
+            max_tokens=generation.max_new_tokens or doc.generation_size or _DEFAULT_MAX_TOKENS,
+            temperature=temperature,
+            top_p=float(generation.top_p) if generation.top_p and temperature > 0 else 1.0,
+            top_k=int(generation.top_k) if generation.top_k and temperature > 0 else None,
+            stop=tuple(s for s in stop if s),
+            n=max(1, int(doc.num_samples or 1)),
+            seed=generation.seed,
+            logprobs=bool(doc.use_logits),
+        )
+
+    def _generation_prompt(self, doc: Doc) -> Prompt:
+        capabilities = getattr(self.backend, "capabilities", None)
+        if self._chat() and (self.tokenizer is None or getattr(capabilities, "chat", False)):
+            # The backend applies its own chat template (vLLM, OpenAI-compatible servers).
+            return tuple(self.prompt_manager.prepare_prompt_api(doc))
+        return str(self.prompt_manager.prepare_prompt(doc))
+
+    # -- the three request types ----------------------------------------------------------------------
+
+    @cached(SamplingMethod.GENERATIVE)  # type: ignore[untyped-decorator]
+    def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Generate ``doc.num_samples`` completions per document, one request each, in document order."""
+        prompts = [self._generation_prompt(doc) for doc in docs]
+        requests = [
+            GenerationRequest(prompt, self.sampling_params(doc), request_id=f"generate-{index}")
+            for index, (prompt, doc) in enumerate(zip(prompts, docs, strict=True))
+        ]
+        results: list[GenerationResult] = self._run(requests, "generate")
+        responses = []
+        for prompt, result in zip(prompts, results, strict=True):
+            first = result.completions[0]
+            responses.append(
+                ModelResponse(
+                    input=prompt if isinstance(prompt, str) else list(prompt),
+                    text=[c.text for c in result.completions],
+                    output_tokens=[list(c.token_ids) for c in result.completions],
+                    logprobs=list(first.logprobs or []),
+                )
+            )
+        return responses
+
+    @cached(SamplingMethod.LOGPROBS)  # type: ignore[untyped-decorator]
+    def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Score every choice of every document (and against ``unconditioned_query`` where set, for PMI)."""
+        requests: list[LoglikelihoodRequest] = []
+        spans = []
+        contexts = []
+        for doc in docs:
+            context = str(self.prompt_manager.prepare_prompt(doc))
+            contexts.append(context)
+            start = len(requests)
+            for choice in doc.choices:
+                requests.append(LoglikelihoodRequest(*_split_trailing_space(context, choice)))
+            if doc.unconditioned_query is not None:
+                for choice in doc.choices:
+                    requests.append(
+                        LoglikelihoodRequest(*_split_trailing_space(doc.unconditioned_query, choice))
+                    )
+            spans.append((start, len(requests)))
+        results: list[LoglikelihoodResult] = self._run(requests, "loglikelihood")
+        responses = []
+        for doc, context, (start, end) in zip(docs, contexts, spans, strict=True):
+            scored = results[start:end]
+            choices = scored[: len(doc.choices)]
+            responses.append(
+                ModelResponse(
+                    input=context,
+                    # lighteval's PMI normalisation reads the unconditioned scores after the conditioned ones.
+                    logprobs=[float(r.logprob) for r in scored],
+                    argmax_logits_eq_gold=[bool(r.is_greedy) for r in choices],
+                )
+            )
+        return responses
+
+    # Not behind lighteval's sample cache: in 0.13 it files any response with logprobs under LOGPROBS, so
+    # cached perplexity responses would never be found again (the call would return nothing).
+    def loglikelihood_rolling(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Score each document's whole text (its prompt followed by its first choice, if any)."""
+        texts = [
+            str(self.prompt_manager.prepare_prompt(doc)) + (doc.choices[0] if doc.choices else "")
+            for doc in docs
+        ]
+        results: list[LoglikelihoodResult] = self._run(
+            [RollingLoglikelihoodRequest(text) for text in texts], "loglikelihood_rolling"
+        )
+        return [
+            ModelResponse(input=text, logprobs=[float(r.logprob)], argmax_logits_eq_gold=[bool(r.is_greedy)])
+            for text, r in zip(texts, results, strict=True)
+        ]
