@@ -1,0 +1,112 @@
+"""Loglikelihoods on the real engine against transformers' log-softmax sums on the same weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+
+# The first test to use the session engine also waits for its start-up (minutes on a busy 2-core machine).
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+
+def _hf_score(hf_model: Any, token_ids: list[int], scored: int) -> tuple[float, bool, list[float]]:
+    """Sum of the last ``scored`` tokens' logprobs, and whether each was the argmax."""
+    import torch
+
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([token_ids])).logits[0].log_softmax(-1)
+    parts, greedy = [], True
+    for pos in range(len(token_ids) - scored, len(token_ids)):
+        row = logits[pos - 1]
+        parts.append(row[token_ids[pos]].item())
+        greedy &= int(row.argmax()) == token_ids[pos]
+    return sum(parts), greedy, parts
+
+
+def _hf_pair(hf_tokenizer: Any, context: str, continuation: str) -> tuple[list[int], int]:
+    # An independent statement of the adapter's contract: lm-eval's tail split, BOS in front as in generation.
+    stripped = context.rstrip()
+    context, continuation = stripped, context[len(stripped) :] + continuation
+    if not context:
+        ids = hf_tokenizer(continuation, add_special_tokens=False).input_ids
+        return [hf_tokenizer.bos_token_id, *ids], len(ids)
+    ctx = hf_tokenizer(context).input_ids
+    whole = hf_tokenizer(context + continuation).input_ids
+    return whole, len(whole) - len(ctx)
+
+
+def test_loglikelihood_matches_transformers(backend: Any, hf_model: Any, hf_tokenizer: Any) -> None:
+    pairs = [
+        ("The quick brown", " fox jumps"),
+        ("Paris is the capital of ", "France"),  # trailing space moves to the continuation
+        ("", "Once upon a time"),  # empty context: BOS stands in
+        ("Question: What is two plus two? Answer:", " four."),
+        # The model's own greedy next token (checked independently below, through transformers).
+        ("Once upon a time", "g"),
+        ("The answer is", ","),
+    ]
+    results = ab.run_batch(
+        backend, [ab.LoglikelihoodRequest(c, x, request_id=str(i)) for i, (c, x) in enumerate(pairs)]
+    )
+    expected_greedy = []
+    for (context, continuation), result in zip(pairs, results, strict=True):
+        ids, scored = _hf_pair(hf_tokenizer, context, continuation)
+        logprob, is_greedy, parts = _hf_score(hf_model, ids, scored)
+        assert result.logprob == pytest.approx(logprob, abs=1e-3)
+        assert result.num_tokens == scored
+        assert result.token_logprobs == pytest.approx(parts, abs=1e-3)
+        assert result.is_greedy is is_greedy
+        expected_greedy.append(is_greedy)
+    assert expected_greedy[-2:] == [True, True], "the model's own greedy continuation must score as greedy"
+    assert not all(expected_greedy)
+
+
+def test_overlong_context_is_truncated_from_the_left(backend: Any, hf_model: Any, hf_tokenizer: Any) -> None:
+    context = "The quick brown fox jumps over the lazy dog. " * 60
+    continuation = " The answer is 42."
+    ids, scored = _hf_pair(hf_tokenizer, context, continuation)
+    assert len(ids) > 511
+    (result,) = ab.run_batch(backend, [ab.LoglikelihoodRequest(context, continuation)])
+    logprob, _, _ = _hf_score(hf_model, ids[-511:], scored)  # the engine scores at most max_model_len - 1
+    assert result.num_tokens == scored
+    assert result.logprob == pytest.approx(logprob, abs=1e-3)
+
+
+def test_continuation_longer_than_the_model_is_rejected(backend: Any) -> None:
+    results = ab.run_batch(
+        backend, [ab.LoglikelihoodRequest("Hi", "The quick brown fox. " * 200)], return_exceptions=True
+    )
+    assert isinstance(results[0], ab.RequestRejectedError)
+    assert "max_model_len" in str(results[0])
+
+
+def test_rolling_loglikelihood_one_window_matches_transformers(
+    backend: Any, hf_model: Any, hf_tokenizer: Any
+) -> None:
+    text = "Once upon a time there was a small model that lived on a CPU."
+    ids = hf_tokenizer(text, add_special_tokens=False).input_ids
+    (result,) = ab.run_batch(backend, [ab.RollingLoglikelihoodRequest(text)])
+    logprob, _, parts = _hf_score(hf_model, [hf_tokenizer.bos_token_id, *ids], len(ids))
+    assert result.num_tokens == len(ids)
+    assert result.logprob == pytest.approx(logprob, abs=1e-3)
+    assert result.token_logprobs == pytest.approx(parts, abs=1e-3)
+
+
+def test_rolling_loglikelihood_spans_windows(backend: Any, hf_model: Any, hf_tokenizer: Any) -> None:
+    text = " ".join(f"Numbers: {i} {i + 1} {i + 2}." for i in range(120))
+    ids = hf_tokenizer(text, add_special_tokens=False).input_ids
+    assert len(ids) > 2 * 511, "the text must need three windows"
+    (result,) = ab.run_batch(backend, [ab.RollingLoglikelihoodRequest(text)])
+    assert result.num_tokens == len(ids)
+    sequence = [hf_tokenizer.bos_token_id, *ids]
+    # Window 1 scores tokens 1..510 of the sequence; window 2 the next 510, with the 511 tokens before each
+    # as context; the last window the rest.
+    expected = _hf_score(hf_model, sequence[:511], 510)[2]
+    expected += _hf_score(hf_model, sequence[511 + 510 - 511 : 511 + 510], 510)[2]
+    rest = len(sequence) - 1021
+    expected += _hf_score(hf_model, sequence[len(sequence) - 511 :], rest)[2]
+    assert result.token_logprobs == pytest.approx(expected, abs=1e-3)
+    assert result.logprob == pytest.approx(sum(expected), abs=1e-2)

@@ -1,0 +1,86 @@
+"""The token arithmetic behind scoring, without an engine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncbackends.adapters._vllm_scoring import plan_loglikelihood, plan_rolling, split_trailing_space
+
+
+def _chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def _merging(text: str) -> list[int]:
+    # A tokenizer that merges "ab" into one token, so the pair boundary can fall inside a token.
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("ab", i):
+            out.append(1000)
+            i += 2
+        else:
+            out.append(ord(text[i]))
+            i += 1
+    return out
+
+
+def test_trailing_space_moves_to_the_continuation() -> None:
+    assert split_trailing_space("Paris is ", "France") == ("Paris is", " France")
+    assert split_trailing_space("x\n\n", "y") == ("x", "\n\ny")
+    assert split_trailing_space("x", " y") == ("x", " y")
+
+
+def test_plan_takes_the_tail_beyond_the_context() -> None:
+    plan = plan_loglikelihood(
+        "xa", "bc", encode=_merging, prefix=(7,), empty_context_token=9, max_prompt_tokens=100
+    )
+    assert plan is not None
+    # "xabc" encodes as x, ab, c: the tail beyond the context's 3 tokens (7, x, a) is just c; the token
+    # that crosses the boundary belongs to the context, as in lm-eval.
+    assert plan.token_ids == (7, ord("x"), 1000, ord("c"))
+    assert plan.scored == 1
+    plan = plan_loglikelihood(
+        "x", "abc", encode=_merging, prefix=(7,), empty_context_token=9, max_prompt_tokens=100
+    )
+    assert plan is not None and plan.token_ids == (7, ord("x"), 1000, ord("c")) and plan.scored == 2
+
+
+def test_empty_context_uses_the_stand_in_token() -> None:
+    plan = plan_loglikelihood(
+        "", "ab", encode=_chars, prefix=(7,), empty_context_token=9, max_prompt_tokens=100
+    )
+    assert plan is not None and plan.token_ids == (9, ord("a"), ord("b")) and plan.scored == 2
+
+
+def test_long_context_is_cut_from_the_left_and_long_continuation_refused() -> None:
+    plan = plan_loglikelihood(
+        "c" * 50, "xyz", encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
+    )
+    assert plan is not None
+    assert plan.token_ids == (*_chars("c" * 7), *_chars("xyz")) and plan.scored == 3 and plan.truncated == 43
+    assert (
+        plan_loglikelihood(
+            "c", "x" * 10, encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
+        )
+        is None
+    )
+
+
+@given(n=st.integers(1, 300), window=st.integers(2, 40))
+def test_rolling_windows_score_every_token_once_with_full_context(n: int, window: int) -> None:
+    tokens = list(range(100, 100 + n))
+    plans = plan_rolling(tokens, prefix_token=1, max_prompt_tokens=window)
+    scored = [t for p in plans for t in p.token_ids[len(p.token_ids) - p.scored :]]
+    assert scored == tokens
+    for p in plans:
+        assert 1 <= p.scored < len(p.token_ids) <= window
+    assert plans[0].token_ids[0] == 1
+    for p in plans[1:]:
+        assert len(p.token_ids) == window  # later windows are always full: maximal context
+
+
+def test_rolling_needs_room_for_a_context_token() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        plan_rolling([1, 2], prefix_token=0, max_prompt_tokens=1)
