@@ -168,7 +168,11 @@ class VLLMBackend(BaseBackend):
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
-        return cls(engine, model=model, engine_args=engine_args)
+        try:
+            return cls(engine, model=model, engine_args=engine_args)
+        except BaseException:
+            engine.shutdown()  # a started engine owns processes: never leak them
+            raise
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -199,12 +203,13 @@ class VLLMBackend(BaseBackend):
     # -- the engine boundary ---------------------------------------------------------------------------
 
     async def _run(
-        self, prompt: TokensPrompt, params: VLLMSamplingParams, request_id: str | None
+        self, prompt_ids: list[int], params: VLLMSamplingParams, request_id: str | None
     ) -> RequestOutput:
         """Send one engine request, drain it, and translate engine errors to ours."""
         engine = self.engine  # raises BackendClosedError after aclose
         final: RequestOutput | None = None
         try:
+            prompt = self._engine_input(engine, prompt_ids)
             # aclosing: leaving early (cancellation) closes the generator, which aborts the engine request.
             stream = engine.generate(prompt, params, f"ab-{uuid.uuid4().hex}")
             async with contextlib.aclosing(stream):
@@ -230,6 +235,16 @@ class VLLMBackend(BaseBackend):
         if final is None or not final.finished:
             raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
         return final
+
+    @staticmethod
+    def _engine_input(engine: AsyncLLM, prompt_ids: list[int]) -> Any:
+        tokens = TokensPrompt(prompt_token_ids=prompt_ids)
+        render = getattr(getattr(engine, "renderer", None), "render_cmpl", None)
+        if render is None:  # older vLLM: AsyncLLM takes the prompt itself
+            return tokens
+        # A rendered engine input is processed inline on this loop; a plain TokensPrompt would be sent to
+        # vLLM's one-thread executor and back for every request (measured: see docs/benchmarks.md).
+        return render([tokens])[0]
 
     def _dead(self, exc: BaseException, request_id: str | None) -> BackendError:
         if self._closed:
@@ -293,9 +308,7 @@ class VLLMBackend(BaseBackend):
                 Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
             )
             return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
-        output = await self._run(
-            TokensPrompt(prompt_token_ids=prompt_ids), self._sampling(params), request.request_id
-        )
+        output = await self._run(prompt_ids, self._sampling(params), request.request_id)
         outputs = sorted(output.outputs, key=lambda c: c.index)
         if len(outputs) != params.n:
             raise BackendError(
@@ -327,7 +340,7 @@ class VLLMBackend(BaseBackend):
         params = VLLMSamplingParams(
             max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
         )
-        output = await self._run(TokensPrompt(prompt_token_ids=list(plan.token_ids)), params, request_id)
+        output = await self._run(list(plan.token_ids), params, request_id)
         rows = output.prompt_logprobs
         if rows is None or len(rows) != len(plan.token_ids):
             raise BackendError("vllm returned no prompt logprobs", backend=self.name, request_id=request_id)

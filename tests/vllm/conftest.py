@@ -93,8 +93,13 @@ def _offline_process(
     )
     yield proc, out
     if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        # SIGTERM first: SIGKILL would orphan the reference's own engine-core process.
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     log.close()
 
 
