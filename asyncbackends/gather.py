@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+from ._tasks import all_or_nothing
 from .cache import ResponseCache, open_cache
 from .errors import (
     AsyncBackendsError,
@@ -231,31 +232,23 @@ class _Engine:
             tasks.append(slot.task)
         sweeper = loop.create_task(self.sweep(slots)) if self.timeout is not None and slots else None
         try:
-            if tasks:
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            # Reached on success, on the first error, and when the caller is cancelled: every in-flight
+            # request is cancelled (adapters abort engine requests, close HTTP streams) and awaited.
+            await all_or_nothing(tasks)
+        except AsyncBackendsError as exc:
+            # Raise the first request to fail, not the first failed worker in task order.
+            if self.first_error is None or self.first_error is exc:
+                raise
+            raise self.first_error  # noqa: B904  (its own cause chain is what matters, kept as raised)
         finally:
             if sweeper is not None:
                 sweeper.cancel()
-            # Reached on success, on the first error, and when the caller is cancelled: every in-flight
-            # request is cancelled (adapters abort engine requests, close HTTP streams) and awaited.
-            pending = [t for t in tasks if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
             if self.bar is not None:
                 self.bar.close()
             if self.owns_cache and self.cache is not None:
                 self.cache.close()
             if self.metrics is not None:
                 self.metrics.finished = time.perf_counter()
-        # Read every worker's exception before raising, so none is logged as "never retrieved".
-        errors = [task.exception() for task in tasks if not task.cancelled()]
-        if self.first_error is not None:
-            raise self.first_error
-        for error in errors:
-            if error is not None:
-                raise error  # a bug in the engine itself: never hide it
 
     async def sweep(self, slots: list[_Slot]) -> None:
         """Cancel attempts past their deadline.

@@ -38,6 +38,8 @@ __all__ = [
     "error_for_status",
     "error_from_exception",
     "error_message",
+    "json_body",
+    "malformed_response",
     "parse_retry_after",
     "poll_until_ok",
     "resolve_token",
@@ -160,6 +162,31 @@ def error_from_exception(exc: BaseException, *, backend: str, request_id: str | 
     if isinstance(exc, aiohttp.ClientPayloadError):
         return BackendUnavailableError(f"response cut short: {detail}", **kwargs)
     return BackendError(f"HTTP client error: {type(exc).__name__}: {detail}", **kwargs)
+
+
+def malformed_response(
+    wire: str, exc: BaseException, *, backend: str, request_id: str | None = None
+) -> BackendError:
+    """The error for a 2xx answer whose body is not what the wire format promises (retryable: a proxy's
+    truncated page, a server mid-restart).
+    """
+    return BackendError(
+        f"malformed {wire} response: {type(exc).__name__}: {exc}", backend=backend, request_id=request_id
+    )
+
+
+def json_body(resp: HTTPResponse, *, wire: str, backend: str, request_id: str | None = None) -> Any:
+    """A 2xx response's body parsed as JSON.
+
+    Raises:
+        BackendError: The mapped error of a non-2xx status (`error_for_status`), or a malformed body.
+    """
+    if resp.status >= 300:
+        raise error_for_status(resp.status, resp.body, resp.headers, backend=backend, request_id=request_id)
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise malformed_response(wire, exc, backend=backend, request_id=request_id) from exc
 
 
 @dataclass(frozen=True, slots=True)

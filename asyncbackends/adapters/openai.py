@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from .._tasks import all_or_nothing
 from ..errors import BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
@@ -40,9 +41,15 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._http import HTTPResponse, HTTPTransport, error_for_status, poll_until_ok
+from ._http import (
+    HTTPResponse,
+    HTTPTransport,
+    error_for_status,
+    json_body,
+    malformed_response,
+    poll_until_ok,
+)
 from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
-from .tgi import _all_or_nothing
 
 __all__ = ["OpenAIBackend"]
 
@@ -308,9 +315,7 @@ class OpenAIBackend(BaseBackend):
         if not context and stand_in is None:
             raise self._no_stand_in(rid)
         texts = [context, context + continuation] if context else [continuation]
-        encoded = dict(
-            zip(texts, await _all_or_nothing([self._tokenize(t, rid) for t in texts]), strict=True)
-        )
+        encoded = dict(zip(texts, await all_or_nothing([self._tokenize(t, rid) for t in texts]), strict=True))
 
         def plan() -> ScoringPlan | None:
             return plan_loglikelihood(
@@ -346,7 +351,7 @@ class OpenAIBackend(BaseBackend):
             raise self._no_stand_in(rid)
         ids = await self._tokenize(request.text, rid)
         plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
-        windows = await _all_or_nothing([self._score(p, rid) for p in plans])
+        windows = await all_or_nothing([self._score(p, rid) for p in plans])
         return _result(rid, [item for window in windows for item in window])
 
     @property
@@ -379,7 +384,7 @@ class OpenAIBackend(BaseBackend):
             self._special_lock = asyncio.Lock()
         async with self._special_lock:
             if self._special is None:
-                with_special, plain = await _all_or_nothing(
+                with_special, plain = await all_or_nothing(
                     [self._tokenize("a", rid, special=True), self._tokenize("a", rid)]
                 )
                 n = len(with_special) - len(plain)
@@ -437,23 +442,14 @@ class OpenAIBackend(BaseBackend):
         )
 
     def _json(self, resp: HTTPResponse, rid: str | None) -> Any:
-        if resp.status >= 300:
+        if resp.status == 429 and b"insufficient_quota" in resp.body:
+            # OpenAI's "out of credit" is a 429 too, but no amount of waiting fixes it.
             error = error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
-            if resp.status == 429 and b"insufficient_quota" in resp.body:
-                # OpenAI's "out of credit" is a 429 too, but no amount of waiting fixes it.
-                raise RequestRejectedError(error.message, backend=self.name, request_id=rid)
-            raise error
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise self._malformed(rid, exc) from exc
+            raise RequestRejectedError(error.message, backend=self.name, request_id=rid)
+        return json_body(resp, wire="OpenAI-compatible", backend=self.name, request_id=rid)
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
-        return BackendError(
-            f"malformed OpenAI-compatible response: {type(exc).__name__}: {exc}",
-            backend=self.name,
-            request_id=rid,
-        )
+        return malformed_response("OpenAI-compatible", exc, backend=self.name, request_id=rid)
 
 
 def _result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:

@@ -20,11 +20,12 @@ before sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import BackendError, BackendTimeoutError, InvalidRequestError, RequestRejectedError
+from .._tasks import all_or_nothing
+from ..errors import BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     Capabilities,
@@ -34,7 +35,14 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ._http import HTTPResponse, HTTPTransport, error_for_status, resolve_token
+from ._http import (
+    HTTPResponse,
+    HTTPTransport,
+    json_body,
+    malformed_response,
+    poll_until_ok,
+    resolve_token,
+)
 
 __all__ = ["TGIBackend", "TGIInfo"]
 
@@ -161,23 +169,7 @@ class TGIBackend(BaseBackend):
             BackendClosedError: The backend was closed.
         """
         self._check_open()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        last = "no answer yet"
-        while True:
-            try:
-                resp = await self._http.request("GET", "/health", timeout=max(0.1, min(10.0, timeout)))
-            except BackendError as exc:
-                last = str(exc)
-            else:
-                if resp.status == 200:
-                    return
-                last = str(error_for_status(resp.status, resp.body, resp.headers, backend=self.name))
-            if loop.time() + interval > deadline:
-                raise BackendTimeoutError(
-                    f"{self.url} not ready after {timeout} s: {last}", backend=self.name
-                )
-            await asyncio.sleep(interval)
+        await poll_until_ok(self._http, "/health", timeout=timeout, interval=interval, what=self.url)
 
     # -- generate ------------------------------------------------------------------------------------
 
@@ -212,7 +204,7 @@ class TGIBackend(BaseBackend):
         if params.n == 1:
             outs = [await one(request, seeds[0])]
         else:
-            outs = await _all_or_nothing([one(request, s) for s in seeds])
+            outs = await all_or_nothing([one(request, s) for s in seeds])
         return GenerationResult(rid, tuple(c for c, _ in outs), prompt_tokens=outs[0][1], model=info.model_id)
 
     def _check_length(
@@ -318,7 +310,7 @@ class TGIBackend(BaseBackend):
             body, _ = await scored
         else:
             count = self._count_continuation(request)
-            both: list[Any] = await _all_or_nothing([scored, count])
+            both: list[Any] = await all_or_nothing([scored, count])
             (body, _), k = both
         try:
             prefill = body["details"]["prefill"]
@@ -361,17 +353,10 @@ class TGIBackend(BaseBackend):
         return self._json(resp, rid), resp.headers
 
     def _json(self, resp: HTTPResponse, rid: str | None) -> Any:
-        if resp.status >= 300:
-            raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise self._malformed(rid, exc) from exc
+        return json_body(resp, wire="TGI", backend=self.name, request_id=rid)
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
-        return BackendError(
-            f"malformed TGI response: {type(exc).__name__}: {exc}", backend=self.name, request_id=rid
-        )
+        return malformed_response("TGI", exc, backend=self.name, request_id=rid)
 
 
 def _strip_stop(text: str, stops: Sequence[str]) -> str:
@@ -399,22 +384,3 @@ def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
     if callable(tokenizer):
         return tokenizer  # type: ignore[no-any-return]
     raise InvalidRequestError("tokenizer must have an encode(text) method or be a callable text -> token ids")
-
-
-async def _all_or_nothing(aws: Sequence[Awaitable[T]]) -> list[T]:
-    """Run concurrently; on the first failure cancel the rest and raise it (one logical request)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        # Read every finished task's exception (so none is reported as "never retrieved"), raise the first.
-        errors = [t.exception() for t in tasks if t in done and not t.cancelled()]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-        return [t.result() for t in tasks]
-    finally:
-        pending = [t for t in tasks if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
