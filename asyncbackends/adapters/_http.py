@@ -167,8 +167,9 @@ def error_from_exception(exc: BaseException, *, backend: str, request_id: str | 
 def malformed_response(
     wire: str, exc: BaseException, *, backend: str, request_id: str | None = None
 ) -> BackendError:
-    """The error for a 2xx answer whose body is not what the wire format promises (retryable: a proxy's
-    truncated page, a server mid-restart).
+    """The error for a 2xx answer whose body is not what the wire format promises.
+
+    Retryable: a proxy's truncated page or a server mid-restart may answer properly next time.
     """
     return BackendError(
         f"malformed {wire} response: {type(exc).__name__}: {exc}", backend=backend, request_id=request_id

@@ -30,7 +30,6 @@ with warnings.catch_warnings():
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm import TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.exceptions import GracefulHTTPError, VLLMClientError, VLLMError
     from vllm.outputs import RequestOutput
     from vllm.sampling_params import RequestOutputKind
     from vllm.usage.usage_lib import UsageContext
@@ -57,6 +56,7 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
 from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling
 
 __all__ = ["VLLMBackend"]
