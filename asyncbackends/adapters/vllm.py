@@ -19,8 +19,8 @@ import contextlib
 import dataclasses
 import uuid
 import warnings
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 # vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
 # (pytest's filterwarnings=error) they would make the adapter unimportable.
@@ -57,11 +57,9 @@ from ..types import (
     SamplingParams,
 )
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
-from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling
+from ._vllm_scoring import ScoringPlan, all_or_nothing, logprob_of, plan_loglikelihood, plan_rolling
 
 __all__ = ["VLLMBackend"]
-
-T = TypeVar("T")
 
 # Engine options that change outputs: they go into the response cache's fingerprint.
 _FINGERPRINT_OPTIONS = (
@@ -323,7 +321,7 @@ class VLLMBackend(BaseBackend):
             logprobs = None
             if params.logprobs and out.logprobs is not None:
                 logprobs = tuple(
-                    _logprob_of(step, token) for step, token in zip(out.logprobs, token_ids, strict=True)
+                    logprob_of(step, token) for step, token in zip(out.logprobs, token_ids, strict=True)
                 )
             completions.append(Completion(out.text, token_ids, logprobs, out.finish_reason))
         return GenerationResult(
@@ -393,7 +391,7 @@ class VLLMBackend(BaseBackend):
         plans = plan_rolling(
             self._encode(request.text), prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens
         )
-        windows = await _all_or_nothing([self._score(plan, request.request_id) for plan in plans])
+        windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
         scored = [item for window in windows for item in window]
         logprobs = tuple(lp for lp, _ in scored)
         return LoglikelihoodResult(
@@ -414,27 +412,3 @@ class VLLMBackend(BaseBackend):
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine
-
-
-def _logprob_of(step: Mapping[int, Any] | None, token: int) -> float:
-    entry = step.get(token) if step is not None else None
-    return float(entry.logprob) if entry is not None else float("nan")
-
-
-async def _all_or_nothing(awaitables: Sequence[Awaitable[T]]) -> list[T]:
-    """Run the windows of one request together; the first failure (or a cancellation) cancels the rest."""
-    if len(awaitables) == 1:
-        return [await awaitables[0]]
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        pending = [t for t in tasks if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-    for task in tasks:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-    return [task.result() for task in tasks]
