@@ -409,6 +409,13 @@ class VLLMBackend(BaseBackend):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+            # vLLM's async client closes its ZeroMQ sockets (here, synchronously: we are on its loop) but
+            # never terminates their context, whose finaliser then warns "Unclosed context" (an error under
+            # -W error). Terminate it ourselves.
+            ctx = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "ctx", None)
+            if ctx is not None:
+                with contextlib.suppress(Exception):
+                    ctx.destroy(linger=0)
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine
