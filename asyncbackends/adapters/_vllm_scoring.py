@@ -8,22 +8,18 @@ each prompt token's logprob and rank given the tokens before it (``prompt_logpro
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 __all__ = [
     "ScoringPlan",
     "Tokenizer",
-    "all_or_nothing",
     "logprob_of",
     "plan_loglikelihood",
     "plan_rolling",
     "split_trailing_space",
 ]
-
-T = TypeVar("T")
 
 Tokenizer = Callable[[str], list[int]]
 """Encodes text to token ids without special tokens."""
@@ -127,22 +123,3 @@ def logprob_of(step: Mapping[int, Any] | None, token: int) -> float:
     """The logprob vLLM reported for ``token`` at one step (NaN where it reported none)."""
     entry = step.get(token) if step is not None else None
     return float(entry.logprob) if entry is not None else float("nan")
-
-
-async def all_or_nothing(awaitables: Sequence[Awaitable[T]]) -> list[T]:
-    """Run the windows of one request together; the first failure (or a cancellation) cancels the rest."""
-    if len(awaitables) == 1:
-        return [await awaitables[0]]
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        pending = [t for t in tasks if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-    for task in tasks:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-    return [task.result() for task in tasks]

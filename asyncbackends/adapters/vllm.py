@@ -36,6 +36,7 @@ with warnings.catch_warnings():
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
 
+from .._tasks import all_or_nothing
 from ..errors import (
     BackendBrokenError,
     BackendClosedError,
@@ -57,7 +58,7 @@ from ..types import (
     SamplingParams,
 )
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
-from ._vllm_scoring import ScoringPlan, all_or_nothing, logprob_of, plan_loglikelihood, plan_rolling
+from ._vllm_scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling
 
 __all__ = ["VLLMBackend"]
 

@@ -84,33 +84,3 @@ def test_rolling_windows_score_every_token_once_with_full_context(n: int, window
 def test_rolling_needs_room_for_a_context_token() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         plan_rolling([1, 2], prefix_token=0, max_prompt_tokens=1)
-
-
-@pytest.mark.asyncio
-async def test_windows_run_together_and_one_failure_cancels_the_rest() -> None:
-    import asyncio
-
-    from asyncbackends.adapters._vllm_scoring import all_or_nothing
-
-    cancelled = []
-
-    async def slow(i: int) -> int:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(i)
-            raise
-        return i
-
-    async def fail() -> int:
-        await asyncio.sleep(0.01)
-        raise RuntimeError("window failed")
-
-    async def quick(i: int) -> int:
-        await asyncio.sleep(0)
-        return i
-
-    assert await all_or_nothing([quick(1), quick(2), quick(3)]) == [1, 2, 3]
-    with pytest.raises(RuntimeError, match="window failed"):
-        await all_or_nothing([slow(0), fail(), slow(2)])
-    assert sorted(cancelled) == [0, 2]
