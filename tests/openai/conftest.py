@@ -25,6 +25,7 @@ import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
 from asyncbackends.testing.tiny_model import build_tiny_model
 
+from ..processes import start_group, stop_group
 from .cases import ENGINE_OPTIONS
 
 API_KEY = "sk-TESTsecret-0123456789abcdef"
@@ -64,12 +65,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     args = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in ENGINE_OPTIONS.items()]
     server_log, ref_log, ref_out = work / "server.log", work / "reference.log", work / "reference.json"
     with open(server_log, "wb") as slog, open(ref_log, "wb") as rlog:
-        server = subprocess.Popen(
+        server = start_group(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
              "--port", str(port), "--api-key", API_KEY, *args],
             stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
         )  # fmt: skip
-        reference = subprocess.Popen(
+        reference = start_group(
             [sys.executable, str(ROOT / "tests" / "openai" / "reference.py"), model, str(ref_out)],
             stdout=rlog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
         )  # fmt: skip
@@ -93,13 +94,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield Served(url, model, json.loads(ref_out.read_text()))
     finally:
         for proc in (reference, server):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_group(proc)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,8 @@ if importlib.util.find_spec("vllm") is None:
 import asyncbackends as ab
 from asyncbackends.testing.tiny_model import build_tiny_model
 
+from ..processes import start_group, stop_group
+
 # On a CPU the KV cache is carved out of RAM; the default would reserve far more than tests need.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -86,20 +88,13 @@ def _offline_process(
     log = (work / "log.txt").open("wb")
     script = Path(__file__).with_name("_offline_reference.py")
     options = {**ENGINE_OPTIONS, "max_model_len": 128}
-    proc = subprocess.Popen(
+    proc = start_group(
         [sys.executable, str(script), tiny_model, json.dumps(options), str(prompts), str(out)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     yield proc, out
-    if proc.poll() is None:
-        # SIGTERM first: SIGKILL would orphan the reference's own engine-core process.
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_group(proc)
     log.close()
 
 
