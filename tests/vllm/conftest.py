@@ -131,8 +131,14 @@ def make_backend(tiny_model: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def backend(tiny_model: str, _offline_process: Any) -> Iterator[Any]:
+def vllm_backend(tiny_model: str, _offline_process: Any) -> Iterator[Any]:
     # Depends on _offline_process so the reference engine starts first and both start-ups overlap.
     backend = build_backend(tiny_model)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def backend(vllm_backend: Any) -> Any:
+    """The session's one engine (named apart so the contract suite's `backend` fixture can reuse it)."""
+    return vllm_backend
