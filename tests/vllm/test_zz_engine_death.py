@@ -18,11 +18,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
 def _engine_core_pids() -> list[int]:
     import psutil
 
-    return [
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if "EngineCore" in " ".join([*p.cmdline(), p.name()])
-    ]
+    pids = []
+    for child in psutil.Process().children(recursive=True):
+        try:  # a child may exit, or be a zombie not yet reaped, while we look
+            if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 # A killed engine leaves vLLM's client with a ZeroMQ context it never closes; its finaliser warns when the
@@ -46,7 +49,8 @@ def test_killed_engine_fails_pending_requests_then_close(make_backend: Any, back
         killed = time.monotonic()
         results = future.result(timeout=60)
         elapsed = time.monotonic() - killed
-        assert elapsed < 20, f"pending requests took {elapsed:.1f} s to fail"
+        print(f"pending requests failed {elapsed:.2f} s after the engine core was killed")
+        assert elapsed < 5, f"pending requests took {elapsed:.1f} s to fail"
         assert all(isinstance(r, ab.BackendBrokenError) for r in results), results
         assert not results[0].retryable
         later = ab.run_batch(doomed, requests[:1], return_exceptions=True)
@@ -59,6 +63,8 @@ def test_killed_engine_fails_pending_requests_then_close(make_backend: Any, back
         _ = doomed.engine
     del doomed, future
     gc.collect()  # collect the dead engine's leftovers here, under this test's warning filters
-    # The session's engine is another process and was not affected.
+    # The session's engine is another process and was not affected, and the shared loop serves on.
     (ok,) = ab.run_batch(backend, [ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=2))])
     assert ok.completions[0].token_ids
+    (echo,) = ab.run_batch(ab.create_backend("mock"), [ab.GenerationRequest("still serving")])
+    assert echo.text == "still serving"
