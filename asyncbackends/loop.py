@@ -162,10 +162,31 @@ class LoopManager:
             raise
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the shared loop from any loop; cancelling the caller cancels the work."""
-        if asyncio.get_running_loop() is self._loop:
+        """Await ``coro`` on the shared loop from any loop.
+
+        Cancelling the caller cancels the work and waits (up to a bound) for its clean-up on the shared
+        loop, so when the caller sees ``CancelledError`` the engine requests are already aborted.
+        """
+        here = asyncio.get_running_loop()
+        if here is self._loop:
             return await coro
-        return await asyncio.wrap_future(self.submit(coro))
+        cleaned_up = asyncio.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coro
+            finally:
+                with contextlib.suppress(RuntimeError):  # the caller's loop may be gone already
+                    here.call_soon_threadsafe(cleaned_up.set)
+
+        future = asyncio.wrap_future(self.submit(tracked()))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(cleaned_up.wait(), _CLEANUP_TIMEOUT)
+            raise
 
     # -- lifetime ------------------------------------------------------------------------------------
 

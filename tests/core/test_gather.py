@@ -226,9 +226,7 @@ def test_cancelling_the_caller_cancels_every_in_flight_request(make_mock: Any) -
             await task
 
     asyncio.run(main())
-    deadline = time.monotonic() + 5
-    while backend.in_flight and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # The cancelled caller returned only after the shared loop had finished cancelling: nothing to wait for.
     assert backend.in_flight == 0 and backend.cancelled == 10 and backend.completed == 0
 
 
