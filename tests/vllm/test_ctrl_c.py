@@ -1,0 +1,61 @@
+"""Ctrl-C (a real SIGINT) during a blocking run_batch on a real engine, in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ..processes import start_group, stop_group
+from .conftest import ENGINE_OPTIONS
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading
+    import asyncbackends as ab
+
+    async def unfinished(backend):
+        return backend.engine.get_num_unfinished_requests()
+
+    if __name__ == "__main__":  # the engine core is a spawned process
+        model, options = sys.argv[1], json.loads(sys.argv[2])
+        backend = ab.create_backend("vllm", model=model, **options)
+        long = [ab.GenerationRequest(f"Once upon a time {i}", ab.SamplingParams(max_tokens=480)) for i in range(16)]
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            ab.run_batch(backend, long)
+            print("NOT INTERRUPTED", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", ab.get_loop_manager().run(unfinished(backend)), flush=True)
+        (again,) = ab.run_batch(backend, [ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=3))])
+        print("again", len(again.completions[0].token_ids), flush=True)
+        backend.close()
+    """
+)
+
+
+def test_sigint_aborts_engine_requests_and_the_next_run_batch_works(tiny_model: str, tmp_path: Path) -> None:
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    proc = start_group(
+        [sys.executable, str(script), tiny_model, json.dumps(ENGINE_OPTIONS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=360)
+    finally:
+        stop_group(proc)
+    lines = out.decode().splitlines()
+    assert "interrupted 0" in lines, (lines, err.decode()[-3000:])  # no engine request left running
+    assert "again 3" in lines
+    assert proc.returncode == 0
