@@ -106,19 +106,7 @@ class OpenAIBackend(BaseBackend):
         self.max_model_len = max_model_len
         self._special: tuple[tuple[int, ...], int | None] | None = None  # (BOS prefix, empty-context token)
         self._special_lock: asyncio.Lock | None = None
-        vllm = server == "vllm"
-        self.capabilities = Capabilities(
-            loglikelihood=vllm,
-            rolling_loglikelihood=vllm,
-            is_greedy=vllm,
-            n_samples=True,
-            seed=True,
-            chat=True,
-            token_ids=vllm,
-            logprobs=True,
-            stop=True,
-            max_concurrency=max_concurrency,
-        )
+        self.capabilities = _capabilities(server, max_concurrency)
 
     @classmethod
     async def create(
@@ -197,19 +185,7 @@ class OpenAIBackend(BaseBackend):
         if server == "auto":
             server = "vllm" if any(e.get("owned_by") == "vllm" for e in listed) else "generic"
         self.server = server
-        vllm = server == "vllm"
-        self.capabilities = Capabilities(
-            loglikelihood=vllm,
-            rolling_loglikelihood=vllm,
-            is_greedy=vllm,
-            n_samples=True,
-            seed=True,
-            chat=True,
-            token_ids=vllm,
-            logprobs=True,
-            stop=True,
-            max_concurrency=self.capabilities.max_concurrency,
-        )
+        self.capabilities = _capabilities(server, self.capabilities.max_concurrency)
 
     async def _models(self) -> list[Mapping[str, Any]]:
         body = self._json(await self._http.request("GET", self._api + "/models"), None)
@@ -460,4 +436,21 @@ def _result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> Loglikelih
         is_greedy=all(g for _, g in scored),
         num_tokens=len(scored),
         token_logprobs=logprobs,
+    )
+
+
+def _capabilities(server: str, max_concurrency: int | None) -> Capabilities:
+    # Scoring and token-id prompts need vLLM's echo + /tokenize; every OpenAI server does the rest.
+    vllm = server == "vllm"
+    return Capabilities(
+        loglikelihood=vllm,
+        rolling_loglikelihood=vllm,
+        is_greedy=vllm,
+        n_samples=True,
+        seed=True,
+        chat=True,
+        token_ids=vllm,
+        logprobs=True,
+        stop=True,
+        max_concurrency=max_concurrency,
     )

@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
@@ -376,15 +376,7 @@ class VLLMBackend(BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
-        scored = await self._score(plan, request.request_id)
-        logprobs = tuple(lp for lp, _ in scored)
-        return LoglikelihoodResult(
-            request.request_id,
-            sum(logprobs),
-            is_greedy=all(rank == 1 for _, rank in scored),
-            num_tokens=len(scored),
-            token_logprobs=logprobs,
-        )
+        return _scored_result(request.request_id, await self._score(plan, request.request_id))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
@@ -393,15 +385,7 @@ class VLLMBackend(BaseBackend):
             self._encode(request.text), prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens
         )
         windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
-        scored = [item for window in windows for item in window]
-        logprobs = tuple(lp for lp, _ in scored)
-        return LoglikelihoodResult(
-            request.request_id,
-            sum(logprobs),
-            is_greedy=all(rank == 1 for _, rank in scored),
-            num_tokens=len(scored),
-            token_logprobs=logprobs,
-        )
+        return _scored_result(request.request_id, [item for window in windows for item in window])
 
     # -- lifetime ------------------------------------------------------------------------------------
 
@@ -420,3 +404,15 @@ class VLLMBackend(BaseBackend):
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine
+
+
+def _scored_result(request_id: str | None, scored: Sequence[tuple[float, int]]) -> LoglikelihoodResult:
+    """A loglikelihood result from (logprob, rank) per scored token: greedy when every rank is 1."""
+    logprobs = tuple(lp for lp, _ in scored)
+    return LoglikelihoodResult(
+        request_id,
+        sum(logprobs),
+        is_greedy=all(rank == 1 for _, rank in scored),
+        num_tokens=len(scored),
+        token_logprobs=logprobs,
+    )
