@@ -214,8 +214,7 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     from .testing.contract import run_contract
 
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    return run_contract(args.name, parse_options(args.option), list(extra))
+    return run_contract(args.name, parse_options(args.option), list(args.pytest_args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -241,13 +240,20 @@ def _parser() -> argparse.ArgumentParser:
     contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
     contract.add_argument("name", help="adapter name")
     contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
-    contract.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments, after --")
+    contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" is for pytest (contract only); argparse would mix it with our own options.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, passed_on = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if passed_on and args.command != "contract":
+        _parser().error(f"arguments after -- are only for `contract`: {' '.join(passed_on)}")
+    args.pytest_args = passed_on
     commands = {"list": _cmd_list, "run": _cmd_run, "cache": _cmd_cache, "contract": _cmd_contract}
     try:
         return commands[args.command](args, sys.stdout)

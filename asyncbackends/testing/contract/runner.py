@@ -45,8 +45,14 @@ class _Verdicts:
 
     def write(self, name: str, stream: TextIO) -> None:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.outcomes.items()))
+        if not self.outcomes:
+            # A usage error, or a -k that matched nothing: no verdict either way.
+            stream.write(
+                f"asyncbackends contract {name!r}: no contract test ran; see pytest's output above\n"
+            )
+            return
         if not self.broken:
-            stream.write(f"asyncbackends contract {name!r}: no contract broken ({counts or 'nothing ran'})\n")
+            stream.write(f"asyncbackends contract {name!r}: no contract broken ({counts})\n")
             return
         stream.write(f"asyncbackends contract {name!r}: {len(self.broken)} contract(s) broken ({counts})\n")
         for test, message in self.broken:

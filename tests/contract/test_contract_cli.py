@@ -1,0 +1,50 @@
+"""`asyncbackends contract NAME`: the installed console command, end to end, in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COMMAND = str(Path(sys.executable).with_name("asyncbackends"))
+
+
+def _contract(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [COMMAND, "contract", *args],
+        cwd=tmp_path,  # away from the project's pytest settings
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+
+
+def test_cli_passes_the_third_party_adapter_found_by_entry_point(tmp_path: Path) -> None:
+    done = _contract(tmp_path, "reverse-echo", "--option", "api_key=sk-cli-test", "--", "-q")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "asyncbackends contract 'reverse-echo': no contract broken" in done.stdout
+
+
+def test_cli_exits_non_zero_naming_the_broken_contract(tmp_path: Path) -> None:
+    done = _contract(tmp_path, "broken_adapters:StopIgnoredBackend", "--", "-q")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "BROKEN test_stop" in done.stdout
+
+
+def test_cli_reports_an_unknown_adapter_as_broken_setup(tmp_path: Path) -> None:
+    done = _contract(tmp_path, "no-such-adapter", "--", "-q")
+    assert done.returncode == 1
+    assert "no backend named 'no-such-adapter'" in done.stdout
+
+
+def test_cli_pytest_usage_error_is_no_verdict(tmp_path: Path) -> None:
+    done = _contract(tmp_path, "mock", "--", "--no-such-pytest-flag")
+    assert done.returncode == 4  # pytest's usage error
+    assert "no contract test ran" in done.stdout
