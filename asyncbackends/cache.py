@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -32,6 +33,8 @@ from .types import (
 )
 
 __all__ = ["ResponseCache", "backend_fingerprint", "open_cache"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -153,12 +156,23 @@ class ResponseCache:
     # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
     # a hop to a worker thread would.
     async def aget(self, backend: Any, request: Request) -> Result | None:
-        """Async form of `get`."""
-        return self.get(backend, request)
+        """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss, logged."""
+        try:
+            return self.get(backend, request)
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            log.warning("response cache %s: read failed, sending the request: %s", self.path, exc)
+            return None
 
     async def aput(self, backend: Any, request: Request, result: Result) -> None:
-        """Async form of `put`."""
-        self.put(backend, request, result)
+        """Async form of `put`, as `gather` uses it.
+
+        A failed write (disk full, database locked) is logged and the result still goes to the caller; only
+        a resume would send that request again.
+        """
+        try:
+            self.put(backend, request, result)
+        except sqlite3.Error as exc:
+            log.warning("response cache %s: write failed: %s", self.path, exc)
 
     def stats(self) -> dict[str, Any]:
         """Entries by backend and kind, and the file's size in bytes."""

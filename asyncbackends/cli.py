@@ -260,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InvalidRequestError, LookupError) as exc:
         sys.stderr.write(f"asyncbackends {args.command}: {exc}\n")
         return 2
+    except AsyncBackendsError as exc:  # the backend could not be built or reached: no traceback
+        sys.stderr.write(f"asyncbackends {args.command}: {type(exc).__name__}: {exc}\n")
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

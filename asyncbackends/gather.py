@@ -296,6 +296,33 @@ class _Engine:
                 if isinstance(outcome, AsyncBackendsError):
                     self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
+    async def attempt(self, method: Any, request: Request, slot: _Slot, attempt: int) -> Result:
+        """One call to the adapter, bounded by the per-attempt timeout.
+
+        An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
+        cancellation into (an adapter may map it to its own error, or an engine abort may fail), and the
+        task's cancellation count is restored, so the next attempt is timed again.
+        """
+        if self.timeout is None:
+            return await method(request)  # type: ignore[no-any-return]
+        slot.deadline = time.monotonic() + self.timeout
+        try:
+            result: Result = await method(request)
+        except BaseException as exc:
+            if not slot.expired:
+                raise
+            slot.expired = False
+            if asyncio.current_task().uncancel() > 0:  # type: ignore[union-attr]
+                raise asyncio.CancelledError from exc  # cancelled from outside as well: that wins
+            cause = None if isinstance(exc, asyncio.CancelledError) else exc
+            raise BackendTimeoutError(f"attempt {attempt} took longer than {self.timeout} s") from cause
+        finally:
+            slot.deadline = math.inf
+        if slot.expired:  # the adapter swallowed our cancellation and answered anyway
+            slot.expired = False
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return result
+
     async def one(self, request: Request, slot: _Slot) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
         method_name = _METHODS.get(type(request))
@@ -320,24 +347,7 @@ class _Engine:
                 await self.tpm.take(_estimated_tokens(request))
             error: BackendError
             try:
-                if self.timeout is None:
-                    result: Result = await method(request)
-                else:
-                    slot.deadline = time.monotonic() + self.timeout
-                    try:
-                        result = await method(request)
-                    finally:
-                        slot.deadline = math.inf
-                    if slot.expired:  # the adapter swallowed our cancellation and answered anyway
-                        slot.expired = False
-                        asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            except asyncio.CancelledError:
-                if not slot.expired:
-                    raise
-                slot.expired = False
-                if asyncio.current_task().uncancel() > 0:  # type: ignore[union-attr]
-                    raise  # cancelled from outside as well: that wins
-                error = BackendTimeoutError(f"attempt {attempt} took longer than {self.timeout} s")
+                result: Result = await self.attempt(method, request, slot, attempt)
             except InvalidRequestError as exc:
                 return exc
             except BackendError as exc:
@@ -374,6 +384,8 @@ def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
 
 
 def _engine_options(**options: Any) -> dict[str, Any]:
+    # Checked before a cache file is opened, so a refused run leaves no file and no open connection.
+    _check_options(*(options.get(k) for k in ("concurrency", "retry", "timeout", "rate_limit")))
     cache = options.get("cache")
     if cache is not None and not isinstance(cache, ResponseCache):
         options["cache"] = open_cache(cache)

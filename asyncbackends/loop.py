@@ -191,8 +191,13 @@ class LoopManager:
     # -- lifetime ------------------------------------------------------------------------------------
 
     def track(self, backend: Any) -> None:
-        """Remember a backend so `shutdown` closes it (held weakly: a dropped backend is not kept alive)."""
-        self._backends.add(backend)
+        """Remember a backend so `shutdown` closes it (held weakly: a dropped backend is not kept alive).
+
+        A backend that cannot be weakly referenced (``__slots__`` without ``__weakref__``) is not tracked:
+        closing it stays its owner's job.
+        """
+        with contextlib.suppress(TypeError):
+            self._backends.add(backend)
 
     def shutdown(self) -> None:
         """Close tracked backends, cancel remaining work, stop the loop and join its thread. Idempotent."""

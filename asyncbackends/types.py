@@ -107,8 +107,8 @@ class SamplingParams:
         if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
             raise InvalidRequestError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
         _set(self, "stop", tuple(stop))
-        if self.temperature != 0:
-            _set(self, "temperature", float(self.temperature))
+        # 0 and 0.0 must be one request (cache keys, equality), whichever way it was written.
+        _set(self, "temperature", float(self.temperature))
         _set(self, "top_p", float(self.top_p))
 
     @property

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from .._tasks import all_or_nothing
-from ..errors import BackendError, InvalidRequestError, RequestRejectedError
+from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     Capabilities,
@@ -165,10 +165,13 @@ class OpenAIBackend(BaseBackend):
     async def _discover(self, model: str | None, server: ServerKind) -> None:
         try:
             listed = await self._models()
-        except BackendError:
-            if model is None:
+        except BackendError as exc:
+            # A provider that hides its model list, or a server not up yet: a given model is taken on trust
+            # (requests fail, retryably, until it answers), but then nothing says the server is vLLM: pass
+            # server="vllm" to score on a server that may still be starting. A bad key fails here and now.
+            if model is None or isinstance(exc, AuthenticationError):
                 raise
-            listed = []  # a provider that hides its model list: the given model is taken on trust
+            listed = []
         if model is None:
             ids = [str(entry.get("id")) for entry in listed]
             if len(ids) != 1:

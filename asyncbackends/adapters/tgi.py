@@ -43,6 +43,7 @@ from ._http import (
     poll_until_ok,
     resolve_token,
 )
+from ._vllm_scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
 
@@ -300,16 +301,18 @@ class TGIBackend(BaseBackend):
         """Sum of the continuation's prefill logprobs; ``is_greedy`` is ``None`` (TGI cannot tell)."""
         rid = request.request_id
         self._check_open(rid)
+        # As lm-eval, vllm and openai do: "is " + "Paris" is scored as "is" + " Paris".
+        context, _ = split_trailing_space(request.context, request.continuation)
         text = request.context + request.continuation
         info = await self.info(rid)
         self._check_length(info, text, 1, rid, prompt_min=2)
         parameters = {"do_sample": False, "max_new_tokens": 1, "details": True, "decoder_input_details": True}
         scored = self._post("/generate", {"inputs": text, "parameters": parameters}, request)
         if self._encode is not None:
-            k = len(self._encode(text)) - len(self._encode(request.context))
+            k = len(self._encode(text)) - len(self._encode(context))
             body, _ = await scored
         else:
-            count = self._count_continuation(request)
+            count = self._count_continuation(text, len(context), request)
             both: list[Any] = await all_or_nothing([scored, count])
             (body, _), k = both
         try:
@@ -327,11 +330,9 @@ class TGIBackend(BaseBackend):
         parts = tuple(float(lp) for lp in logprobs)
         return LoglikelihoodResult(rid, sum(parts), is_greedy=None, num_tokens=k, token_logprobs=parts)
 
-    async def _count_continuation(self, request: LoglikelihoodRequest) -> int:
-        """Tokens of ``context + continuation`` that end inside the continuation (character offsets)."""
-        text = request.context + request.continuation
+    async def _count_continuation(self, text: str, boundary: int, request: LoglikelihoodRequest) -> int:
+        """Tokens of ``text`` that end past character ``boundary`` (the continuation's), by ``/tokenize``."""
         body, _ = await self._post("/tokenize", {"inputs": text}, request, not_found_hint=True)
-        boundary = len(request.context)
         try:
             return sum(1 for t in body if t["stop"] > boundary)
         except (KeyError, TypeError) as exc:

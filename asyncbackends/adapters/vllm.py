@@ -105,7 +105,8 @@ class VLLMBackend(BaseBackend):
         self._engine: AsyncLLM | None = engine
         self.model = model
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
-        self._engine_args = dict(engine_args or {})
+        # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
+        self._engine_args = {k: v for k, v in (engine_args or {}).items() if k in _FINGERPRINT_OPTIONS}
         self.max_model_len: int = engine.model_config.max_model_len
         self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
         tokenizer = engine.get_tokenizer()

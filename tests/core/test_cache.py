@@ -4,6 +4,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import asyncbackends as ab
 
 
@@ -97,4 +99,29 @@ def test_stats_and_clear(tmp_path: Path, make_mock: Any) -> None:
         {"backend": "mock", "kind": "GenerationResult", "entries": 5}
     ]
     assert cache.clear() == 5 and len(cache) == 0
+    cache.close()
+
+
+def test_integer_and_float_temperature_are_one_key(tmp_path: Path, make_mock: Any) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    backend = make_mock()
+    as_int = ab.GenerationRequest("x", ab.SamplingParams(temperature=0))
+    as_float = ab.GenerationRequest("x", ab.SamplingParams(temperature=0.0))
+    assert as_int == as_float
+    assert cache.key(backend, as_int) == cache.key(backend, as_float)
+    cache.close()
+
+
+def test_refused_options_open_no_cache(tmp_path: Path, make_mock: Any) -> None:
+    path = tmp_path / "never.sqlite"
+    with pytest.raises(ab.InvalidRequestError):
+        ab.run_batch(make_mock(), [ab.GenerationRequest("x")], cache=path, concurrency=0)
+    assert not path.exists()
+
+
+def test_a_broken_cache_file_does_not_fail_the_run(tmp_path: Path, make_mock: Any) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    cache._db.execute("DROP TABLE results")  # reads and writes now fail inside SQLite
+    results = ab.run_batch(make_mock(), [ab.GenerationRequest("x")], cache=cache)
+    assert results[0].text == "x"
     cache.close()

@@ -91,3 +91,11 @@ def test_cache_resume_and_commands(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["cache", "clear", str(cache)]) == 0
     assert "removed 8 entries" in capsys.readouterr().out
     assert main(["cache", "stats", str(tmp_path / "missing.sqlite")]) == 2
+
+
+def test_unreachable_backend_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing listens on port 9 of loopback: building the openai backend (it lists models) fails.
+    code = main(["run", str(EXAMPLE), "--backend", "openai", "--option", "base_url=http://127.0.0.1:9/v1"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("asyncbackends run: BackendUnavailableError: ") and "Traceback" not in err

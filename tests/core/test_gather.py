@@ -389,3 +389,50 @@ def test_caller_cancellation_wins_over_an_expiring_attempt(make_mock: Any) -> No
     while backend.in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
     assert backend.in_flight == 0 and backend.completed == 0
+
+
+def test_an_expired_attempt_is_a_timeout_whatever_the_adapter_made_of_the_cancel() -> None:
+    class MapsCancel(RecordingBackend):
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            self.calls.append(request.request_id)
+            try:
+                await asyncio.sleep(2)
+            except asyncio.CancelledError:
+                raise ab.BackendUnavailableError("connection closed") from None
+            return ab.GenerationResult(request.request_id, (ab.Completion("late"),))
+
+    backend = MapsCancel()
+    start = time.perf_counter()
+    outcomes = ab.run_batch(
+        backend,
+        requests(1),
+        timeout=0.1,
+        retry=ab.RetryPolicy(max_attempts=3, initial_delay=0),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+    assert len(backend.calls) == 3  # every attempt was timed, not only the first
+    assert time.perf_counter() - start < 1.5
+
+
+def test_unweakreferenceable_backends_can_be_created() -> None:
+    ab.register_backend("slotted-test", f"{__name__}:Slotted", replace=True)
+    backend = ab.create_backend("slotted-test")
+    assert ab.run_batch(backend, requests(2))[1].text == "slotted"
+
+
+class Slotted:
+    __slots__ = ("capabilities", "name")
+
+    def __init__(self) -> None:
+        self.name = "slotted"
+        self.capabilities = ab.Capabilities()
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        return ab.GenerationResult(request.request_id, (ab.Completion("slotted"),))
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        raise ab.RequestRejectedError("no")
+
+    async def aclose(self) -> None:
+        return None

@@ -66,3 +66,21 @@ async def test_many_in_order(backend: ab.AsyncBackend) -> None:
 async def test_capabilities(backend: ab.AsyncBackend) -> None:
     caps = backend.capabilities
     assert caps.loglikelihood and not caps.is_greedy and caps.n_samples and caps.chat and not caps.token_ids
+
+
+@pytest.mark.asyncio
+async def test_trailing_space_moves_to_the_continuation_on_both_paths(
+    server: FakeTGIServer, backend: ab.AsyncBackend, make_backend: MakeBackend
+) -> None:
+    class CharTokenizer:
+        def encode(self, text: str) -> list[int]:
+            return [1, *map(ord, text)]
+
+    local = await make_backend(server.url, tokenizer=CharTokenizer())
+    request = ab.LoglikelihoodRequest("The cat ", "sat")
+    (remote_result,) = await ab.gather(backend, [request])
+    (local_result,) = await ab.gather(local, [request])
+    parts = expected("The cat", " sat")  # scored as lm-eval does: "The cat" + " sat"
+    for result in (remote_result, local_result):
+        assert result.num_tokens == 4
+        assert result.logprob == pytest.approx(sum(parts))
