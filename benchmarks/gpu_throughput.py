@@ -18,8 +18,8 @@ Suites (each mode a fresh process; only the work is timed, not engine start-up, 
     compiled   offline and adapter with torch.compile + CUDA graphs (enforce_eager=False), loglikelihood too
     fp32       offline and adapter in float32 on the comparison prompts only: greedy equality without
                bf16's batch-dependent rounding
-    dp         two offline processes (CUDA_VISIBLE_DEVICES=0 / 1) splitting the prompts, started together,
-               timed by the slower; then the adapter with data_parallel_size=2
+    dp         --gpus N (2 by default) offline processes (CUDA_VISIBLE_DEVICES=0 ... N-1) splitting the
+               prompts, started together, timed by the slowest; then the adapter with data_parallel_size=N
 
 Modes:
     offline  ``LLM(...).generate(token prompts, SamplingParams(temperature=0, max_tokens=128))``; scoring is
@@ -408,14 +408,20 @@ SUITES: dict[str, list[list[tuple[str, dict[str, Any]]]]] = {
         [("offline", {"dtype": "float32", "prompts": "compare", "pairs": 0})],
         [("adapter", {"dtype": "float32", "prompts": "compare", "pairs": 0})],
     ],
-    "dp": [
-        [
-            ("offline", {"pairs": 0, "shard": 0, "num_shards": 2, "env": {"CUDA_VISIBLE_DEVICES": "0"}}),
-            ("offline", {"pairs": 0, "shard": 1, "num_shards": 2, "env": {"CUDA_VISIBLE_DEVICES": "1"}}),
-        ],
-        [("adapter", {"pairs": 0, "data_parallel_size": 2})],
-    ],
 }
+
+
+def _dp_suite(gpus: int) -> list[list[tuple[str, dict[str, Any]]]]:
+    """``gpus`` offline processes, one per GPU, splitting the prompts; then the adapter with DP=``gpus``."""
+    shards = [
+        ("offline", {"pairs": 0, "shard": i, "num_shards": gpus, "env": {"CUDA_VISIBLE_DEVICES": str(i)}})
+        for i in range(gpus)
+    ]
+    return [shards, [("adapter", {"pairs": 0, "data_parallel_size": gpus})]]
+
+
+def _suite(name: str, args: argparse.Namespace) -> list[list[tuple[str, dict[str, Any]]]]:
+    return _dp_suite(args.gpus) if name == "dp" else SUITES[name]
 
 
 def _child_command(args: argparse.Namespace, mode: str, spec: dict[str, Any], result: Path) -> list[str]:
@@ -663,7 +669,7 @@ def run_suites(args: argparse.Namespace) -> int:
     with open(out / f"gpu_{name}.log", "w") as logfile:
         for suite in args.suites:
             outcomes: dict[str, list[dict[str, Any] | None]] = {}
-            for step in SUITES[suite]:
+            for step in _suite(suite, args):
                 left = deadline - time.monotonic()
                 if left < args.min_step:
                     log(f"{suite}: {left:.0f}s left, skipping {[mode for mode, _ in step]}")
@@ -704,6 +710,7 @@ def main() -> int:
     parser.add_argument("--shard", type=int, default=0)
     parser.add_argument("--num-shards", type=int, default=1)
     parser.add_argument("--data-parallel-size", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=2, help="suite dp: GPUs (offline processes and DP size)")
     parser.add_argument("--result", default=None, help="child: where to write its result")
     parser.add_argument(
         "--engine-extra", default="{}", help="JSON engine options for every mode (CPU smoke test)"
@@ -713,9 +720,9 @@ def main() -> int:
         build_model(Path(args.model_dir), layers=args.layers)
         return 0
     if args.command == "suite":
-        unknown = [s for s in args.names if s not in SUITES]
+        unknown = [s for s in args.names if s not in [*SUITES, "dp"]]
         if unknown or not args.names:
-            parser.error(f"suites: choose from {sorted(SUITES)}")
+            parser.error(f"suites: choose from {sorted([*SUITES, 'dp'])}")
         args.suites = args.names
         return run_suites(args)
     args.mode = args.names[0]
