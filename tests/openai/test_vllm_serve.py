@@ -110,12 +110,11 @@ def test_wrong_model_name_is_rejected(served: Served) -> None:
 
 
 def test_wrong_api_key_is_an_authentication_error(served: Served) -> None:
-    with ab.create_backend(
-        "openai", base_url=served.base_url, api_key="sk-wrong", model=served.model
-    ) as wrong:
-        (error,) = ab.run_batch(wrong, [ab.GenerationRequest("hi")], return_exceptions=True)
-    assert isinstance(error, ab.AuthenticationError) and "401" in str(error)
-    assert API_KEY not in repr(vars(wrong)) and "sk-wrong" not in repr(vars(wrong))
+    # The key is checked when the backend is built (GET /v1/models), not at the first request of a run.
+    with pytest.raises(ab.AuthenticationError, match="401") as info:
+        ab.create_backend("openai", base_url=served.base_url, api_key="sk-wrong", model=served.model)
+    assert not info.value.retryable
+    assert "sk-wrong" not in str(info.value) and API_KEY not in str(info.value)
 
 
 def test_api_key_never_shown(backend: OpenAIBackend) -> None:
