@@ -29,6 +29,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ._serve import serve
+
 __all__ = ["FakeEndpoint", "FakeEndpointsAPI"]
 
 _HOP_BY_HOP = {
@@ -151,13 +153,7 @@ class FakeEndpointsAPI:
         app.router.add_delete("/v2/endpoint/{ns}/{name}", self._delete)
         app.router.add_post("/v2/endpoint/{ns}/{name}/{action}", self._action)
         app.router.add_route("*", "/proxy/{ns}/{name}/{tail:.*}", self._proxy)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        server: Any = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        self._runner, self.port = await serve(app, self.host, self.port)
         return self
 
     async def stop(self) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from . import openapi
+from ._serve import serve
 from .fake_tgi_model import FakeModel, Generation
 from .fake_tgi_responses import details_json, timing_headers, tokens_json
 from .fake_tgi_validation import Limits, ValidRequest, WireError, deserialize_parameters, parse_body
@@ -138,16 +139,7 @@ class FakeTGIServer:
     async def start(self) -> FakeTGIServer:
         """Start listening; `url` is valid afterwards."""
         self._stopping = asyncio.Event()
-        # handler_cancellation: a client that gives up cancels its handler (hung requests end with it).
-        self._runner = web.AppRunner(
-            self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=0.5
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        server: Any = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        self._runner, self.port = await serve(self.app(), self.host, self.port)
         self._started = time.monotonic()
         return self
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
+from asyncbackends.testing._serve import serve
 
 
 class Stub:
@@ -28,11 +29,7 @@ class Stub:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/{tail:.*}", self._post)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve(app)
         self.url = f"http://127.0.0.1:{port}/v1"
         return self
 
