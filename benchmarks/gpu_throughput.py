@@ -216,7 +216,7 @@ def _offline(
 ) -> dict[str, Any]:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from asyncbackends.adapters._vllm_scoring import plan_loglikelihood
+    from asyncbackends.adapters._scoring import plan_loglikelihood
 
     start = time.perf_counter()
     llm = LLM(model=args.model_dir, **engine_options(args))

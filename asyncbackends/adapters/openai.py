@@ -10,7 +10,7 @@ server unlocks what the plain OpenAI API cannot do exactly:
 
 - loglikelihoods: context and continuation are tokenized by the server's ``POST /tokenize`` (at the
   server root, beside ``/v1``) and split on token ids exactly as the in-process ``vllm`` adapter splits them
-  (`_vllm_scoring`); the token-id prompt is then sent to ``/completions`` with ``echo: true``,
+  (`_scoring`); the token-id prompt is then sent to ``/completions`` with ``echo: true``,
   ``max_tokens: 0``, ``logprobs: 1`` and ``return_tokens_as_token_ids: true``, so each echoed prompt token
   comes back with its logprob and the top-1 alternative (which says whether it is greedy);
 - generated token ids (``return_token_ids``) and ``top_k``.
@@ -49,7 +49,7 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
-from ._vllm_scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
+from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
 
 __all__ = ["OpenAIBackend"]
 

@@ -43,7 +43,7 @@ from ._http import (
     poll_until_ok,
     resolve_token,
 )
-from ._vllm_scoring import split_trailing_space
+from ._scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
 

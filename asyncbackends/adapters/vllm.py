@@ -57,8 +57,8 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
-from ._vllm_scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling
 
 __all__ = ["VLLMBackend"]
 

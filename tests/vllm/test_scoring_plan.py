@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncbackends.adapters._vllm_scoring import plan_loglikelihood, plan_rolling, split_trailing_space
+from asyncbackends.adapters._scoring import plan_loglikelihood, plan_rolling, split_trailing_space
 
 
 def _chars(text: str) -> list[int]:

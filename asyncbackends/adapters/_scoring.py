@@ -1,4 +1,4 @@
-"""Helpers of the vllm adapter that need no engine and no vLLM import: token arithmetic for scoring.
+"""Token arithmetic for scoring, shared by the vllm, openai and tgi adapters (no engine, no vLLM import).
 
 Scoring works on token ids, never on strings: the context and context+continuation are encoded separately
 and the continuation's tokens are the tail of the whole encoding beyond the context's (lm-eval's approach),
