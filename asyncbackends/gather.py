@@ -1,52 +1,32 @@
 """The one gathering path: `gather`, `as_completed` and `run_batch` share one engine.
 
 All policy lives here, never in adapters: bounded concurrency, per-attempt timeouts, retries with backoff,
-rate limits, the response cache, cancellation, progress and metrics. The engine runs a fixed pool of worker
-tasks that pull the next request index from one shared iterator, so memory stays flat whatever the number
-of requests (no task per request up front) and time spent waiting for a slot never counts toward a timeout.
+rate limits, the response cache, cancellation, progress and metrics. This module holds the policy objects
+and the entry points, checks the options and resolves their defaults; one run's worker pool is
+`asyncbackends._engine.Engine` (memory flat whatever the number of requests, waiting for a slot never
+counted toward a timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from ._tasks import all_or_nothing
+from ._engine import Engine, Outcome
 from .cache import ResponseCache, open_cache
-from .errors import (
-    AsyncBackendsError,
-    BackendError,
-    BackendTimeoutError,
-    InvalidRequestError,
-    RateLimitedError,
-)
+from .errors import AsyncBackendsError, InvalidRequestError, RateLimitedError
 from .loop import get_loop_manager
 from .metrics import RunMetrics
 from .protocol import AsyncBackend
-from .types import (
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    Request,
-    Result,
-    RollingLoglikelihoodRequest,
-)
+from .types import Request, Result
 
 __all__ = ["DEFAULT_CONCURRENCY", "RateLimit", "RetryPolicy", "as_completed", "gather", "run_batch"]
 
 DEFAULT_CONCURRENCY = 64
 """In-flight requests when neither the caller nor the backend's capabilities say."""
-
-_METHODS: dict[type, str] = {
-    GenerationRequest: "generate",
-    LoglikelihoodRequest: "loglikelihood",
-    RollingLoglikelihoodRequest: "loglikelihood_rolling",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,47 +85,6 @@ class RateLimit:
                 raise InvalidRequestError(f"{name} must be > 0 or None, got {value!r}")
 
 
-class _TokenBucket:
-    """A token bucket; callers queue on a lock so waiting workers are served in order."""
-
-    def __init__(self, rate_per_s: float, capacity: float) -> None:
-        self.rate, self.capacity = rate_per_s, capacity
-        self.tokens = capacity
-        self.stamp = time.monotonic()
-        self.lock = asyncio.Lock()
-
-    async def take(self, amount: float) -> None:
-        amount = min(amount, self.capacity)
-        async with self.lock:
-            while True:
-                now = time.monotonic()
-                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.tokens >= amount:
-                    self.tokens -= amount
-                    return
-                await asyncio.sleep((amount - self.tokens) / self.rate)
-
-
-def _estimated_tokens(request: Request) -> float:
-    if isinstance(request, GenerationRequest):
-        prompt = request.prompt
-        size: float
-        if isinstance(prompt, str):
-            size = len(prompt) / 4
-        elif request.prompt_kind == "tokens":
-            size = len(prompt)
-        else:
-            size = sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, Mapping)) / 4
-        return size + request.params.max_tokens * request.params.n
-    if isinstance(request, LoglikelihoodRequest):
-        return (len(request.context) + len(request.continuation)) / 4 + 1
-    return len(request.text) / 4 + 1
-
-
-Outcome = Result | AsyncBackendsError
-
-
 def _check_options(concurrency: object, retry: object, timeout: object, rate_limit: object) -> None:
     """Refuse bad gathering options before anything is sent."""
     if concurrency is not None and (
@@ -162,230 +101,18 @@ def _check_options(concurrency: object, retry: object, timeout: object, rate_lim
         raise InvalidRequestError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
 
 
-class _Slot:
-    """One worker's current attempt deadline (monotonic seconds), read by the run's sweeper."""
-
-    __slots__ = ("deadline", "expired", "task")
-
-    def __init__(self) -> None:
-        self.deadline = math.inf
-        self.expired = False
-        self.task: asyncio.Task[None] | None = None
-
-
-class _Engine:
-    """One run: shared state of the worker pool."""
-
-    def __init__(
-        self,
-        backend: AsyncBackend,
-        requests: Sequence[Request],
-        *,
-        sink: Callable[[int, Outcome], None],
-        concurrency: int | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float | None = None,
-        rate_limit: RateLimit | None = None,
-        progress: bool | str = False,
-        cache: ResponseCache | None = None,
-        return_exceptions: bool = False,
-        metrics: RunMetrics | None = None,
-        owns_cache: bool = False,
-    ) -> None:
-        _check_options(concurrency, retry, timeout, rate_limit)
-        self.backend, self.requests, self.sink = backend, requests, sink
-        hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
-        self.concurrency = concurrency or hint or DEFAULT_CONCURRENCY
-        self.retry = retry or RetryPolicy()
-        self.timeout = timeout
-        self.cache, self.owns_cache = cache, owns_cache
-        self.return_exceptions = return_exceptions
-        self.metrics = metrics
-        self.rps = self.tpm = None
-        if rate_limit is not None:
-            if rate_limit.requests_per_second:
-                rps = rate_limit.requests_per_second
-                self.rps = _TokenBucket(rps, max(1.0, rps))
-            if rate_limit.tokens_per_minute:
-                tpm = rate_limit.tokens_per_minute
-                self.tpm = _TokenBucket(tpm / 60, tpm)
-        self.bar: Any = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            desc = progress if isinstance(progress, str) else getattr(backend, "name", "requests")
-            self.bar = tqdm(total=len(requests), desc=desc, unit="req", dynamic_ncols=True)
-        self.indices = iter(range(len(requests)))
-        self.first_error: AsyncBackendsError | None = None
-        self.rng = random.Random()
-        self.name = getattr(backend, "name", type(backend).__name__)
-
-    async def run(self) -> None:
-        if self.metrics is not None:
-            self.metrics.requests += len(self.requests)
-            self.metrics.started = self.metrics.started or time.perf_counter()
-        loop = asyncio.get_running_loop()
-        slots = [_Slot() for _ in range(min(self.concurrency, len(self.requests)))]
-        tasks = []
-        for slot in slots:
-            slot.task = loop.create_task(self.work(slot))
-            tasks.append(slot.task)
-        sweeper = loop.create_task(self.sweep(slots)) if self.timeout is not None and slots else None
-        try:
-            # Reached on success, on the first error, and when the caller is cancelled: every in-flight
-            # request is cancelled (adapters abort engine requests, close HTTP streams) and awaited.
-            await all_or_nothing(tasks)
-        except AsyncBackendsError as exc:
-            # Raise the first request to fail, not the first failed worker in task order.
-            if self.first_error is None or self.first_error is exc:
-                raise
-            raise self.first_error  # noqa: B904  (its own cause chain is what matters, kept as raised)
-        finally:
-            if sweeper is not None:
-                sweeper.cancel()
-            if self.bar is not None:
-                self.bar.close()
-            if self.owns_cache and self.cache is not None:
-                self.cache.close()
-            if self.metrics is not None:
-                self.metrics.finished = time.perf_counter()
-
-    async def sweep(self, slots: list[_Slot]) -> None:
-        """Cancel attempts past their deadline.
-
-        One sweeper per run instead of an ``asyncio.timeout`` per attempt: a timer handle per attempt costs
-        more than the attempt itself on a fast backend (heap pushes, and cancelled handles piling up in the
-        loop's heap). A timeout fires up to ``resolution`` late: 5% of the timeout, between 1 and 100 ms.
-        """
-        assert self.timeout is not None
-        resolution = min(0.1, max(0.001, self.timeout / 20))
-        while True:
-            await asyncio.sleep(resolution)
-            now = time.monotonic()
-            for slot in slots:
-                if slot.deadline <= now and not slot.expired and slot.task is not None:
-                    slot.expired = True
-                    slot.task.cancel()
-
-    async def work(self, slot: _Slot) -> None:
-        requests, sink, metrics = self.requests, self.sink, self.metrics
-        for index in self.indices:
-            request = requests[index]
-            start = time.perf_counter() if metrics is not None else 0.0
-            outcome = await self.one(request, slot)
-            if isinstance(outcome, AsyncBackendsError):
-                if not self.return_exceptions:
-                    if self.first_error is None:
-                        self.first_error = outcome
-                    raise outcome
-                if metrics is not None:
-                    metrics.errors[type(outcome).__name__] += 1
-            elif metrics is not None:
-                metrics.successes += 1
-                if isinstance(outcome, GenerationResult):
-                    metrics.prompt_tokens += outcome.prompt_tokens or 0
-                    metrics.completion_tokens += outcome.completion_tokens
-            sink(index, outcome)
-            if metrics is not None:
-                end = time.perf_counter()
-                metrics._record_latency(end - start, start - (metrics.started or start))
-                if metrics.on_update is not None:
-                    metrics.on_update(metrics)
-            if self.bar is not None:
-                self.bar.update(1)
-                if isinstance(outcome, AsyncBackendsError):
-                    self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
-
-    async def attempt(self, method: Any, request: Request, slot: _Slot, attempt: int) -> Result:
-        """One call to the adapter, bounded by the per-attempt timeout.
-
-        An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
-        cancellation into (an adapter may map it to its own error, or an engine abort may fail), and the
-        task's cancellation count is restored, so the next attempt is timed again.
-        """
-        if self.timeout is None:
-            return await method(request)  # type: ignore[no-any-return]
-        slot.deadline = time.monotonic() + self.timeout
-        try:
-            result: Result = await method(request)
-        except BaseException as exc:
-            if not slot.expired:
-                raise
-            slot.expired = False
-            if asyncio.current_task().uncancel() > 0:  # type: ignore[union-attr]
-                raise asyncio.CancelledError from exc  # cancelled from outside as well: that wins
-            cause = None if isinstance(exc, asyncio.CancelledError) else exc
-            raise BackendTimeoutError(f"attempt {attempt} took longer than {self.timeout} s") from cause
-        finally:
-            slot.deadline = math.inf
-        if slot.expired:  # the adapter swallowed our cancellation and answered anyway
-            slot.expired = False
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return result
-
-    async def one(self, request: Request, slot: _Slot) -> Outcome:
-        """One request through cache, rate limits, attempts and retries; returns its result or error."""
-        method_name = _METHODS.get(type(request))
-        method = getattr(self.backend, method_name, None) if method_name else None
-        if method is None:
-            return InvalidRequestError(
-                f"backend {self.name!r} has no {method_name}() for {type(request).__name__}"
-                if method_name
-                else f"not a request: {type(request).__name__}; wrap prompts in ab.GenerationRequest"
-            )
-        if self.cache is not None:
-            cached = await self.cache.aget(self.backend, request)
-            if cached is not None:
-                if self.metrics is not None:
-                    self.metrics.cache_hits += 1
-                return cached
-        attempt = 1
-        while True:
-            if self.rps is not None:
-                await self.rps.take(1)
-            if self.tpm is not None:
-                await self.tpm.take(_estimated_tokens(request))
-            error: BackendError
-            try:
-                result: Result = await self.attempt(method, request, slot, attempt)
-            except InvalidRequestError as exc:
-                return exc
-            except BackendError as exc:
-                error = exc
-            except TimeoutError as exc:
-                # The adapter's own timeout leaked as a plain TimeoutError: still a timeout, still retryable.
-                error = BackendTimeoutError(f"{type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-            except Exception as exc:
-                # An adapter leaked a raw exception: report it as ours, unretried, with the cause attached.
-                error = BackendError(f"{type(exc).__name__}: {exc}", retryable=False)
-                error.__cause__ = exc
-            else:
-                if self.cache is not None:
-                    await self.cache.aput(self.backend, request, result)
-                return result
-            if error.backend is None:
-                error.backend = self.name
-            if error.request_id is None:
-                error.request_id = request.request_id
-            if not error.retryable or attempt >= self.retry.max_attempts:
-                return error
-            if self.metrics is not None:
-                self.metrics.retries += 1
-                self.metrics.retried_errors[type(error).__name__] += 1
-            await asyncio.sleep(self.retry.delay(attempt, error, self.rng))
-            attempt += 1
-
-
 def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
     if isinstance(requests, (str, bytes)):
         raise InvalidRequestError("requests must be a sequence of request objects, not a string")
     return requests if isinstance(requests, Sequence) else list(requests)
 
 
-def _engine_options(**options: Any) -> dict[str, Any]:
+def _engine_options(backend: AsyncBackend, **options: Any) -> dict[str, Any]:
     # Checked before a cache file is opened, so a refused run leaves no file and no open connection.
     _check_options(*(options.get(k) for k in ("concurrency", "retry", "timeout", "rate_limit")))
+    hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
+    options["concurrency"] = options.get("concurrency") or hint or DEFAULT_CONCURRENCY
+    options["retry"] = options.get("retry") or RetryPolicy()
     cache = options.get("cache")
     if cache is not None and not isinstance(cache, ResponseCache):
         options["cache"] = open_cache(cache)
@@ -399,7 +126,7 @@ async def _gather_here(backend: AsyncBackend, requests: Sequence[Request], **opt
     def store(index: int, outcome: Outcome) -> None:
         results[index] = outcome
 
-    await _Engine(backend, requests, sink=store, **_engine_options(**options)).run()
+    await Engine(backend, requests, sink=store, **_engine_options(backend, **options)).run()
     return results
 
 
@@ -521,7 +248,7 @@ async def as_completed(
         else:
             here.call_soon_threadsafe(queue.put_nowait, (index, outcome))
 
-    engine = _Engine(backend, sequence, sink=put, **_engine_options(**options))
+    engine = Engine(backend, sequence, sink=put, **_engine_options(backend, **options))
     task = asyncio.ensure_future(manager.arun(engine.run()))
     try:
         for _ in range(len(sequence)):
