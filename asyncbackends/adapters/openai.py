@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._tasks import all_or_nothing
 from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
-    Capabilities,
     Completion,
     GenerationRequest,
     GenerationResult,
@@ -48,6 +47,14 @@ from ._http import (
     json_body,
     malformed_response,
     poll_until_ok,
+)
+from ._openai_wire import (
+    capabilities,
+    completion_payload,
+    echo_payload,
+    loglikelihood_result,
+    parse_completions,
+    parse_echo,
 )
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
 
@@ -106,7 +113,7 @@ class OpenAIBackend(BaseBackend):
         self.max_model_len = max_model_len
         self._special: tuple[tuple[int, ...], int | None] | None = None  # (BOS prefix, empty-context token)
         self._special_lock: asyncio.Lock | None = None
-        self.capabilities = _capabilities(server, max_concurrency)
+        self.capabilities = capabilities(server, max_concurrency)
 
     @classmethod
     async def create(
@@ -188,7 +195,7 @@ class OpenAIBackend(BaseBackend):
         if server == "auto":
             server = "vllm" if any(e.get("owned_by") == "vllm" for e in listed) else "generic"
         self.server = server
-        self.capabilities = _capabilities(server, self.capabilities.max_concurrency)
+        self.capabilities = capabilities(server, self.capabilities.max_concurrency)
 
     async def _models(self) -> list[Mapping[str, Any]]:
         body = self._json(await self._http.request("GET", self._api + "/models"), None)
@@ -232,33 +239,10 @@ class OpenAIBackend(BaseBackend):
             )
             return GenerationResult(rid, empty, None, self.model)
         chat = request.prompt_kind == "chat"
-        payload: dict[str, Any] = {"model": self.model, "max_tokens": params.max_tokens}
-        if chat:
-            payload["messages"] = [dict(m) for m in request.prompt if isinstance(m, Mapping)]
-        else:
-            payload["prompt"] = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
-        payload["temperature"] = params.temperature
-        if params.top_p < 1.0:
-            payload["top_p"] = params.top_p
-        if params.top_k is not None:
-            payload["top_k"] = params.top_k  # an extension (vLLM, SGLang); OpenAI itself refuses it
-        if params.n != 1:
-            payload["n"] = params.n
-        if params.seed is not None:
-            payload["seed"] = params.seed
-        if params.stop:
-            payload["stop"] = list(params.stop)
-        if params.logprobs:
-            payload["logprobs"] = True if chat else 0
-        if self.server == "vllm":
-            payload["return_token_ids"] = True
+        payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         body = await self._post("/chat/completions" if chat else "/completions", payload, rid)
         try:
-            choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
-            completions = tuple(self._completion(c, chat, params.logprobs) for c in choices)
-            usage = body.get("usage") or {}
-            prompt_tokens = usage.get("prompt_tokens")
-            model = body.get("model") or self.model
+            completions, prompt_tokens, model = parse_completions(body, chat=chat, logprobs=params.logprobs)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise self._malformed(rid, exc) from exc
         if len(completions) != params.n:
@@ -268,19 +252,7 @@ class OpenAIBackend(BaseBackend):
                 request_id=rid,
                 retryable=False,
             )
-        return GenerationResult(rid, completions, prompt_tokens, model)
-
-    @staticmethod
-    def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
-        text = (choice["message"].get("content") or "") if chat else choice["text"]
-        logprobs = None
-        lp = choice.get("logprobs")
-        if want_logprobs and lp:
-            values = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
-            if all(v is not None for v in values):
-                logprobs = tuple(float(v) for v in values)
-        token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
-        return Completion(text, token_ids, logprobs, choice.get("finish_reason"))
+        return GenerationResult(rid, completions, prompt_tokens, model or self.model)
 
     # -- loglikelihood (vLLM servers) ----------------------------------------------------------------
 
@@ -318,7 +290,7 @@ class OpenAIBackend(BaseBackend):
                 backend=self.name,
                 request_id=rid,
             )
-        return _result(rid, await self._score(scoring, rid))
+        return loglikelihood_result(rid, await self._score(scoring, rid))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
@@ -331,7 +303,7 @@ class OpenAIBackend(BaseBackend):
         ids = await self._tokenize(request.text, rid)
         plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
         windows = await all_or_nothing([self._score(p, rid) for p in plans])
-        return _result(rid, [item for window in windows for item in window])
+        return loglikelihood_result(rid, [item for window in windows for item in window])
 
     @property
     def _max_prompt_tokens(self) -> int:
@@ -388,30 +360,11 @@ class OpenAIBackend(BaseBackend):
 
     async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
         """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
-        payload = {
-            "model": self.model,
-            "prompt": list(plan.token_ids),
-            "max_tokens": 0,
-            "echo": True,
-            "logprobs": 1,
-            "temperature": 0.0,
-            "return_tokens_as_token_ids": True,
-        }
-        body = await self._post("/completions", payload, rid)
+        body = await self._post("/completions", echo_payload(self.model, plan), rid)
         try:
-            lp = body["choices"][0]["logprobs"]
-            tokens, values, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
-            n = len(plan.token_ids)
-            if len(tokens) < n or tokens[:n] != [f"token_id:{t}" for t in plan.token_ids]:
-                raise ValueError("the echoed tokens are not the prompt's (is this a vLLM server?)")
-            scored = []
-            for i in range(n - plan.scored, n):
-                value = float(values[i])
-                top = tops[i] or {}
-                scored.append((value, value >= max(top.values(), default=value)))
+            return parse_echo(body, plan)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise self._malformed(rid, exc) from exc
-        return scored
 
     # -- wire ----------------------------------------------------------------------------------------
 
@@ -429,31 +382,3 @@ class OpenAIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("OpenAI-compatible", exc, backend=self.name, request_id=rid)
-
-
-def _result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
-    logprobs = tuple(lp for lp, _ in scored)
-    return LoglikelihoodResult(
-        rid,
-        sum(logprobs),
-        is_greedy=all(g for _, g in scored),
-        num_tokens=len(scored),
-        token_logprobs=logprobs,
-    )
-
-
-def _capabilities(server: str, max_concurrency: int | None) -> Capabilities:
-    # Scoring and token-id prompts need vLLM's echo + /tokenize; every OpenAI server does the rest.
-    vllm = server == "vllm"
-    return Capabilities(
-        loglikelihood=vllm,
-        rolling_loglikelihood=vllm,
-        is_greedy=vllm,
-        n_samples=True,
-        seed=True,
-        chat=True,
-        token_ids=vllm,
-        logprobs=True,
-        stop=True,
-        max_concurrency=max_concurrency,
-    )

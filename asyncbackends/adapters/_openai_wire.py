@@ -1,0 +1,130 @@
+"""The OpenAI-compatible wire format of the ``openai`` adapter: request bodies and response parsing.
+
+Pure functions, no I/O. The parsers raise ``KeyError``, ``TypeError``, ``IndexError``, ``ValueError`` or
+``AttributeError`` on a body that is not what the API promises; the adapter turns those into a
+malformed-response `BackendError` with the request's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..types import Capabilities, Completion, GenerationRequest, LoglikelihoodResult
+from ._scoring import ScoringPlan
+
+__all__ = [
+    "capabilities",
+    "completion_payload",
+    "echo_payload",
+    "loglikelihood_result",
+    "parse_completions",
+    "parse_echo",
+]
+
+
+def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) -> dict[str, Any]:
+    """The body of ``/completions`` (text and token-id prompts) or ``/chat/completions`` (chat)."""
+    params = request.params
+    chat = request.prompt_kind == "chat"
+    payload: dict[str, Any] = {"model": model, "max_tokens": params.max_tokens}
+    if chat:
+        payload["messages"] = [dict(m) for m in request.prompt if isinstance(m, Mapping)]
+    else:
+        payload["prompt"] = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+    payload["temperature"] = params.temperature
+    if params.top_p < 1.0:
+        payload["top_p"] = params.top_p
+    if params.top_k is not None:
+        payload["top_k"] = params.top_k  # an extension (vLLM, SGLang); OpenAI itself refuses it
+    if params.n != 1:
+        payload["n"] = params.n
+    if params.seed is not None:
+        payload["seed"] = params.seed
+    if params.stop:
+        payload["stop"] = list(params.stop)
+    if params.logprobs:
+        payload["logprobs"] = True if chat else 0
+    if vllm:
+        payload["return_token_ids"] = True
+    return payload
+
+
+def parse_completions(
+    body: Any, *, chat: bool, logprobs: bool
+) -> tuple[tuple[Completion, ...], int | None, str | None]:
+    """The completions in ``index`` order, the prompt's token count and the model that answered."""
+    choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+    completions = tuple(_completion(c, chat, logprobs) for c in choices)
+    usage = body.get("usage") or {}
+    return completions, usage.get("prompt_tokens"), body.get("model") or None
+
+
+def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
+    text = (choice["message"].get("content") or "") if chat else choice["text"]
+    logprobs = None
+    lp = choice.get("logprobs")
+    if want_logprobs and lp:
+        values = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
+        if all(v is not None for v in values):
+            logprobs = tuple(float(v) for v in values)
+    token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
+    return Completion(text, token_ids, logprobs, choice.get("finish_reason"))
+
+
+def echo_payload(model: str, plan: ScoringPlan) -> dict[str, Any]:
+    """VLLM's scoring request: the token-id prompt echoed with each token's logprob and top-1 alternative."""
+    return {
+        "model": model,
+        "prompt": list(plan.token_ids),
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 1,
+        "temperature": 0.0,
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def parse_echo(body: Any, plan: ScoringPlan) -> list[tuple[float, bool]]:
+    """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
+    lp = body["choices"][0]["logprobs"]
+    tokens, values, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+    n = len(plan.token_ids)
+    if len(tokens) < n or tokens[:n] != [f"token_id:{t}" for t in plan.token_ids]:
+        raise ValueError("the echoed tokens are not the prompt's (is this a vLLM server?)")
+    scored = []
+    for i in range(n - plan.scored, n):
+        value = float(values[i])
+        top = tops[i] or {}
+        scored.append((value, value >= max(top.values(), default=value)))
+    return scored
+
+
+def loglikelihood_result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
+    """Sum the scored tokens; greedy when every one was the top-1 token."""
+    logprobs = tuple(lp for lp, _ in scored)
+    return LoglikelihoodResult(
+        rid,
+        sum(logprobs),
+        is_greedy=all(g for _, g in scored),
+        num_tokens=len(scored),
+        token_logprobs=logprobs,
+    )
+
+
+def capabilities(server: str, max_concurrency: int | None) -> Capabilities:
+    """What a server of this kind can do."""
+    # Scoring and token-id prompts need vLLM's echo + /tokenize; every OpenAI server does the rest.
+    vllm = server == "vllm"
+    return Capabilities(
+        loglikelihood=vllm,
+        rolling_loglikelihood=vllm,
+        is_greedy=vllm,
+        n_samples=True,
+        seed=True,
+        chat=True,
+        token_ids=vllm,
+        logprobs=True,
+        stop=True,
+        max_concurrency=max_concurrency,
+    )
