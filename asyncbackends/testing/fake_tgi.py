@@ -34,13 +34,19 @@ from aiohttp import web
 from . import openapi
 from ._serve import serve
 from .fake_tgi_model import FakeModel, Generation
-from .fake_tgi_responses import details_json, timing_headers, tokens_json
-from .fake_tgi_validation import Limits, ValidRequest, WireError, deserialize_parameters, parse_body
+from .fake_tgi_responses import chat_json, details_json, info_json, stream_events, timing_headers
+from .fake_tgi_validation import (
+    Limits,
+    ValidRequest,
+    WireError,
+    chat_to_generate,
+    deserialize_parameters,
+    parse_body,
+)
 from .fake_tgi_validation import validate_generate as _validate
 
 __all__ = ["FakeTGIServer", "Limits"]
 
-_FINISH_OPENAI = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -312,21 +318,7 @@ class FakeTGIServer:
                 raise
             # The spec gives streamed errors as one server-sent event carrying the ErrorResponse.
             return await self._sse(request, path, err.status, [err.body])
-        gen = self._run_model(req)
-        tokens = tokens_json(gen)
-        events = []
-        for index, token in enumerate(tokens):
-            event: dict[str, Any] = {"index": index, "token": token, "top_tokens": [], "generated_text": None}
-            event["details"] = None
-            if index == len(tokens) - 1:
-                event["generated_text"] = (req.inputs if req.return_full_text else "") + gen.text
-                event["details"] = {
-                    "finish_reason": gen.finish_reason,
-                    "generated_tokens": len(tokens),
-                    "input_length": req.input_length,
-                    "seed": gen.seed,
-                }
-            events.append(event)
+        events = stream_events(req, self._run_model(req))
         return await self._sse(request, path, 200, events)
 
     async def _sse(
@@ -356,51 +348,9 @@ class FakeTGIServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         async def run(body: Any, key: str) -> web.StreamResponse:
-            messages = body.get("messages") if isinstance(body, dict) else None
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
-            ):
-                raise WireError(422, "Failed to deserialize the JSON body: invalid `messages`", text=True)
-            prompt = "".join(f"<|{m.get('role')}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
-            temperature = body.get("temperature")
-            params: dict[str, Any] = {"do_sample": temperature != 0, "stop": body.get("stop") or []}
-            if temperature not in (None, 0):
-                params["temperature"] = temperature
-            for ours, theirs in (("max_new_tokens", "max_tokens"), ("top_p", "top_p"), ("seed", "seed")):
-                if body.get(theirs) is not None:
-                    params[ours] = body[theirs]
             started = time.monotonic()
-            req, gen, _ = await self._one_generation(request, {"inputs": prompt, "parameters": params}, key)
-            content = gen.text
-            logprobs: dict[str, Any] | None = None
-            if body.get("logprobs"):
-                logprobs = {
-                    "content": [
-                        {"token": t.text, "logprob": t.logprob, "top_logprobs": []}
-                        for t in gen.tokens
-                        if not t.special
-                    ]
-                }
-            response = {
-                "id": "",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.model.model_id,
-                "system_fingerprint": "fake-tgi",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "logprobs": logprobs,
-                        "finish_reason": _FINISH_OPENAI[gen.finish_reason],
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": req.input_length,
-                    "completion_tokens": len(gen.tokens),
-                    "total_tokens": req.input_length + len(gen.tokens),
-                },
-            }
+            req, gen, _ = await self._one_generation(request, chat_to_generate(body), key)
+            response = chat_json(self.model.model_id, req, gen, logprobs=bool(body.get("logprobs")))
             return self._reply("/v1/chat/completions", 200, response, timing_headers(req, gen, started))
 
         result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)
@@ -408,26 +358,7 @@ class FakeTGIServer:
 
     async def _info(self, request: web.Request) -> web.StreamResponse:
         self.paths["/info"] += 1
-        lim = self.limits
-        info: dict[str, Any] = {
-            "model_id": self.model.model_id,
-            "model_sha": None,
-            "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": lim.max_concurrent_requests,
-            "max_best_of": lim.max_best_of,
-            "max_stop_sequences": lim.max_stop_sequences,
-            "max_input_tokens": lim.max_input_tokens,
-            "max_total_tokens": lim.max_total_tokens,
-            "validation_workers": 2,
-            "max_client_batch_size": 4,
-            "router": "text-generation-router",
-            "version": "3.3.6-dev0",
-            "sha": None,
-            "docker_label": None,
-        }
-        if self.legacy_info:
-            info["max_input_length"] = info.pop("max_input_tokens")
-            info["version"] = "1.4.5"
+        info = info_json(self.model.model_id, self.limits, legacy=self.legacy_info)
         return self._reply("/info", 200, info)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:

@@ -6,9 +6,11 @@ import time
 from typing import Any
 
 from .fake_tgi_model import FakeModel, Generation
-from .fake_tgi_validation import ValidRequest
+from .fake_tgi_validation import Limits, ValidRequest
 
-__all__ = ["details_json", "timing_headers", "tokens_json"]
+__all__ = ["chat_json", "details_json", "info_json", "stream_events", "timing_headers", "tokens_json"]
+
+_FINISH_OPENAI = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 
 
 def tokens_json(gen: Generation) -> list[dict[str, Any]]:
@@ -47,3 +49,79 @@ def timing_headers(req: ValidRequest, gen: Generation, started: float) -> dict[s
         "x-generated-tokens": str(len(gen.tokens)),
         "x-total-tokens": str(req.input_length + len(gen.tokens)),
     }
+
+
+def stream_events(req: ValidRequest, gen: Generation) -> list[dict[str, Any]]:
+    """``/generate_stream``'s ``StreamResponse`` events: one a token, the last with the text and details."""
+    tokens = tokens_json(gen)
+    events = []
+    for index, token in enumerate(tokens):
+        event: dict[str, Any] = {"index": index, "token": token, "top_tokens": [], "generated_text": None}
+        event["details"] = None
+        if index == len(tokens) - 1:
+            event["generated_text"] = (req.inputs if req.return_full_text else "") + gen.text
+            event["details"] = {
+                "finish_reason": gen.finish_reason,
+                "generated_tokens": len(tokens),
+                "input_length": req.input_length,
+                "seed": gen.seed,
+            }
+        events.append(event)
+    return events
+
+
+def chat_json(model_id: str, req: ValidRequest, gen: Generation, *, logprobs: bool) -> dict[str, Any]:
+    """The Messages API's ``ChatCompletion`` for one generation."""
+    content: dict[str, Any] | None = None
+    if logprobs:
+        content = {
+            "content": [
+                {"token": t.text, "logprob": t.logprob, "top_logprobs": []}
+                for t in gen.tokens
+                if not t.special
+            ]
+        }
+    return {
+        "id": "",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_id,
+        "system_fingerprint": "fake-tgi",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": gen.text},
+                "logprobs": content,
+                "finish_reason": _FINISH_OPENAI[gen.finish_reason],
+            }
+        ],
+        "usage": {
+            "prompt_tokens": req.input_length,
+            "completion_tokens": len(gen.tokens),
+            "total_tokens": req.input_length + len(gen.tokens),
+        },
+    }
+
+
+def info_json(model_id: str, limits: Limits, *, legacy: bool) -> dict[str, Any]:
+    """``GET /info``; ``legacy`` answers as TGI 1.x did (``max_input_length``, not ``max_input_tokens``)."""
+    info: dict[str, Any] = {
+        "model_id": model_id,
+        "model_sha": None,
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": limits.max_concurrent_requests,
+        "max_best_of": limits.max_best_of,
+        "max_stop_sequences": limits.max_stop_sequences,
+        "max_input_tokens": limits.max_input_tokens,
+        "max_total_tokens": limits.max_total_tokens,
+        "validation_workers": 2,
+        "max_client_batch_size": 4,
+        "router": "text-generation-router",
+        "version": "3.3.6-dev0",
+        "sha": None,
+        "docker_label": None,
+    }
+    if legacy:
+        info["max_input_length"] = info.pop("max_input_tokens")
+        info["version"] = "1.4.5"
+    return info

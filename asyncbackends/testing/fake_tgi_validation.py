@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "ValidRequest", "WireError", "parse_body", "validate_generate"]
+__all__ = ["Limits", "ValidRequest", "WireError", "chat_to_generate", "parse_body", "validate_generate"]
 
 _DEFAULT_GENERATION_LENGTH = 1024
 
@@ -247,3 +247,25 @@ def validate_generate(
         top_n_tokens=top_n,
         return_full_text=bool(p.get("return_full_text") or False),
     )
+
+
+def chat_to_generate(body: Any) -> dict[str, Any]:
+    """A Messages API body as the ``/generate`` body the router runs (a plain-text chat template).
+
+    Raises:
+        WireError: ``messages`` is not a list of objects with string ``content``.
+    """
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise WireError(422, "Failed to deserialize the JSON body: invalid `messages`", text=True)
+    prompt = "".join(f"<|{m.get('role')}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+    temperature = body.get("temperature")
+    params: dict[str, Any] = {"do_sample": temperature != 0, "stop": body.get("stop") or []}
+    if temperature not in (None, 0):
+        params["temperature"] = temperature
+    for ours, theirs in (("max_new_tokens", "max_tokens"), ("top_p", "top_p"), ("seed", "seed")):
+        if body.get(theirs) is not None:
+            params[ours] = body[theirs]
+    return {"inputs": prompt, "parameters": params}
