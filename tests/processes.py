@@ -28,3 +28,17 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def engine_core_pids() -> list[int]:
+    """This process's descendants that are vLLM engine cores."""
+    import psutil
+
+    pids = []
+    for child in psutil.Process().children(recursive=True):
+        try:  # a child may exit, or be a zombie not yet reaped, while we look
+            if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids

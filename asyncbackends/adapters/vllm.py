@@ -1,7 +1,8 @@
 """`VLLMBackend` (name ``vllm``): an in-process vLLM ``AsyncLLM`` engine.
 
-The engine lives on the shared loop: `create` builds it there (through `create_backend`), and every request
-runs there, because ``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
+The engine lives on the shared loop: `create` (through `create_backend`) builds it in a worker thread and
+starts its loop-bound tasks on the shared loop (`_vllm_engine`), and every request runs there, because
+``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
 exactly one engine request (a rolling loglikelihood sends one per window) and drains its generator inside
 ``contextlib.aclosing`` with ``RequestOutputKind.FINAL_ONLY``, so a cancelled or abandoned call aborts its
 engine request instead of leaving it running.
@@ -32,7 +33,6 @@ with warnings.catch_warnings():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.outputs import RequestOutput
     from vllm.sampling_params import RequestOutputKind
-    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -59,6 +59,7 @@ from ..types import (
 )
 from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
+from ._vllm_engine import shutdown_engine, start_engine
 
 __all__ = ["VLLMBackend"]
 
@@ -141,7 +142,10 @@ class VLLMBackend(BaseBackend):
 
     @classmethod
     async def create(cls, model: str, **engine_args: Any) -> VLLMBackend:
-        """Build an ``AsyncLLM`` on the running (shared) loop and wrap it.
+        """Build an ``AsyncLLM`` for the shared loop and wrap it.
+
+        The engine starts in a worker thread, so other backends' requests on the shared loop go on while it
+        loads; cancelling the call shuts the engine down as soon as it has started.
 
         Args:
             model: A model directory or hub id.
@@ -162,8 +166,7 @@ class VLLMBackend(BaseBackend):
         except (TypeError, ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         try:
-            # Blocks the shared loop during start-up, deliberately: the engine must be created on this loop.
-            engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+            engine = await start_engine(args)  # in a worker thread: the shared loop serves on meanwhile
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:
@@ -171,7 +174,7 @@ class VLLMBackend(BaseBackend):
         try:
             return cls(engine, model=model, engine_args=engine_args)
         except BaseException:
-            engine.shutdown()  # a started engine owns processes: never leak them
+            shutdown_engine(engine)  # a started engine owns processes: never leak them
             raise
 
     @property
@@ -394,14 +397,7 @@ class VLLMBackend(BaseBackend):
         # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.shutdown()
-            # vLLM's async client closes its ZeroMQ sockets (here, synchronously: we are on its loop) but
-            # never terminates their context, whose finaliser then warns "Unclosed context" (an error under
-            # -W error). Terminate it ourselves.
-            ctx = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "ctx", None)
-            if ctx is not None:
-                with contextlib.suppress(Exception):
-                    ctx.destroy(linger=0)
+            shutdown_engine(engine)
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine

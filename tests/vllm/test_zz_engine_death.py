@@ -12,20 +12,9 @@ import pytest
 
 import asyncbackends as ab
 
+from ..processes import engine_core_pids
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def _engine_core_pids() -> list[int]:
-    import psutil
-
-    pids = []
-    for child in psutil.Process().children(recursive=True):
-        try:  # a child may exit, or be a zombie not yet reaped, while we look
-            if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
-                pids.append(child.pid)
-        except psutil.Error:
-            continue
-    return pids
 
 
 # A killed engine leaves vLLM's client with a ZeroMQ context it never closes; its finaliser warns when the
@@ -33,10 +22,10 @@ def _engine_core_pids() -> list[int]:
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_killed_engine_fails_pending_requests_then_close(make_backend: Any, backend: Any) -> None:
-    before = set(_engine_core_pids())
+    before = set(engine_core_pids())
     doomed = make_backend(max_model_len=256)
     try:
-        pids = [pid for pid in _engine_core_pids() if pid not in before]
+        pids = [pid for pid in engine_core_pids() if pid not in before]
         assert pids, "the new engine's core process was not found"
         requests = [
             ab.GenerationRequest(f"Once upon a time {i}", ab.SamplingParams(max_tokens=240)) for i in range(8)
