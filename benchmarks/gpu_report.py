@@ -45,16 +45,20 @@ def _same_greedy(reference: list[list[int]], other: list[list[int]], count: int)
 def _pooled(runs: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """One mode's processes run one after another (compiled-abba) as one run: rounds pooled in order.
 
-    The first process's outputs stand for the mode (they are compared with offline's); the rates are the
-    median round's; loglikelihood, the median process's.
+    The first finished process's outputs stand for the mode (they are compared with offline's). The rates
+    are the upper-median round's (of an even count, the faster of the two middle ones) and loglikelihood's
+    the upper-median process's (of two, the faster), the same rule in every mode. Each process's rounds are
+    kept in place, a failed one as ``None``, so that process k of one mode is compared with process k of
+    the other, the one that ran next to it.
     """
     done = [r for r in runs if r]
-    if len(done) <= 1:
+    if not done or len(runs) == 1:
         return done[0] if done else None
     rounds = [r for run in done for r in run["generate"]["rounds"]]
     middle = sorted(rounds, key=lambda r: r["requests"] / r["elapsed_s"])[len(rounds) // 2]
     pooled = {**done[0], "init_s": [r["init_s"] for r in done], "processes": len(done)}
     pooled["generate"] = {**done[0]["generate"], **middle, "rounds": rounds}
+    pooled["process_rounds"] = [r["generate"]["rounds"] if r else None for r in runs]
     scored = sorted(
         (r for r in done if "loglikelihood" in r),
         key=lambda r: r["loglikelihood"]["requests"] / r["loglikelihood"]["elapsed_s"],
@@ -63,6 +67,16 @@ def _pooled(runs: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         pooled["loglikelihood"] = {**done[0]["loglikelihood"], **scored[len(scored) // 2]["loglikelihood"]}
         pooled["loglikelihood"]["logprobs"] = done[0]["loglikelihood"]["logprobs"]
     return pooled
+
+
+def _paired_ratios(ours: list[list[float] | None], theirs: list[list[float] | None]) -> list[float]:
+    """Process k against process k, round i against round i (the same prompts); failed processes skipped."""
+    return [
+        a / b
+        for our_rounds, their_rounds in zip(ours, theirs, strict=False)
+        if our_rounds and their_rounds
+        for a, b in zip(our_rounds, their_rounds, strict=False)
+    ]
 
 
 def summarize(suite: str, outcomes: dict[str, list[dict[str, Any] | None]], compare: int) -> dict[str, Any]:
@@ -85,6 +99,9 @@ def summarize(suite: str, outcomes: dict[str, list[dict[str, Any] | None]], comp
             summary["offline"]["generate"]["rounds_req_per_s"] = [
                 sum(r["requests"] for r in pair) / max(r["elapsed_s"] for r in pair) for pair in rounds
             ]
+            # The shards ran together: as one process, round i against the adapter's round i.
+            merged_rounds = summary["offline"]["generate"]["rounds_req_per_s"]
+            summary["offline"]["generate"]["process_rounds_req_per_s"] = [merged_rounds]
         offline = None
     else:
         offline = shards[0] if shards else None
@@ -99,6 +116,10 @@ def summarize(suite: str, outcomes: dict[str, list[dict[str, Any] | None]], comp
         entry["generate"] = _rate(run["generate"])
         entry["generate"]["rounds_req_per_s"] = [
             r["requests"] / r["elapsed_s"] for r in run["generate"]["rounds"]
+        ]
+        entry["generate"]["process_rounds_req_per_s"] = [
+            [r["requests"] / r["elapsed_s"] for r in rounds] if rounds else None
+            for rounds in run.get("process_rounds", [run["generate"]["rounds"]])
         ]
         entry["generate"]["rounds_frontend_cpu"] = [
             r["cpu_s"] / r["elapsed_s"] for r in run["generate"]["rounds"] if "cpu_s" in r
@@ -124,13 +145,13 @@ def summarize(suite: str, outcomes: dict[str, list[dict[str, Any] | None]], comp
             for part in ("generate", "loglikelihood"):
                 if part in entry and part in base:
                     entry[part]["ratio_to_offline"] = entry[part]["req_per_s"] / base[part]["req_per_s"]
-            ours, theirs = (
-                e.get("generate", {}).get("rounds_req_per_s", []) for e in (entry or {}, base or {})
+            ratios = _paired_ratios(
+                entry["generate"].get("process_rounds_req_per_s", []),
+                base["generate"].get("process_rounds_req_per_s", []),
             )
-            if entry and base and mode != "offline" and len(ours) == len(theirs) > 1:
-                # Round i of every mode ran the same prompts: compare like with like, then take the median.
-                ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+            if ratios:
                 entry["generate"]["ratio_to_offline"] = statistics.median(ratios)
+            if len(ratios) > 1:
                 entry["generate"]["round_ratios"] = ratios
     return summary
 

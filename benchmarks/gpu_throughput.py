@@ -214,6 +214,13 @@ def run_suites(args: argparse.Namespace) -> int:
     except Exception as exc:  # the report still says what ran
         results["gpu"] = repr(exc)
     results["steps"] = []
+
+    def save(suite: str, outcomes: dict[str, list[dict[str, Any] | None]]) -> None:
+        # After every step, run or skipped, so that a call cut short still brings back what it finished.
+        results["suites"][suite] = summarize(suite, outcomes, args.compare)
+        (out / f"gpu_{name}.json").write_text(json.dumps(results, indent=1))
+        (out / f"gpu_{name}.md").write_text(markdown(results))
+
     with open(out / f"gpu_{name}.log", "w") as logfile:
         for suite in args.suites:
             outcomes: dict[str, list[dict[str, Any] | None]] = {}
@@ -224,6 +231,7 @@ def run_suites(args: argparse.Namespace) -> int:
                     log(f"{suite}: {left:.0f}s left, skipping {modes}")
                     for mode in modes:
                         outcomes.setdefault(mode, []).append(None)
+                    save(suite, outcomes)
                     continue
                 snapshot = {"suite": suite, "modes": modes, **machine_snapshot()}
                 results["steps"].append(snapshot)
@@ -231,12 +239,10 @@ def run_suites(args: argparse.Namespace) -> int:
                 outcome = _run_step(args, suite, step, deadline, logfile, number)
                 for mode, one in zip(modes, outcome, strict=False):
                     outcomes.setdefault(mode, []).append(one)
-                # After every step, so that a call cut short still brings back what it finished.
-                results["suites"][suite] = summarize(suite, outcomes, args.compare)
-                (out / f"gpu_{name}.json").write_text(json.dumps(results, indent=1))
-                (out / f"gpu_{name}.md").write_text(markdown(results))
+                save(suite, outcomes)
     print(markdown(results), flush=True)
-    return 0 if all(all(results["suites"][s].values()) for s in args.suites) else 1
+    # Every mode of every suite has a result; a skipped or failed one is None.
+    return 0 if all(all(results["suites"].get(s, {None: None}).values()) for s in args.suites) else 1
 
 
 def main() -> int:

@@ -68,16 +68,29 @@ def test_abba_pairs_each_adapter_round_with_the_same_round_of_the_offline_proces
     assert "| compiled-abba | adapter | generate |" in text
 
 
-def test_a_skipped_process_leaves_the_rates_of_the_median_rounds_to_compare(report: ModuleType) -> None:
+def test_a_skipped_process_leaves_its_partner_unpaired(report: ModuleType) -> None:
+    # ABBA with the last offline process skipped: the first adapter process ran next to the only offline
+    # one and is compared with it; the second has no partner.
     outcomes = {
         "offline": [child([100, 110]), None],
         "adapter": [child([90, 130]), child([120, 100])],
     }
     summary = report.summarize("compiled-abba", outcomes, compare=1)
     adapter = summary["adapter"]["generate"]
-    assert "round_ratios" not in adapter  # 4 adapter rounds cannot be paired with 2 offline ones
-    assert adapter["req_per_s"] == pytest.approx(120)  # median round of 90, 100, 120, 130 (upper)
-    assert adapter["ratio_to_offline"] == pytest.approx(120 / 110)
+    assert adapter["round_ratios"] == pytest.approx([0.9, 130 / 110])
+    assert adapter["ratio_to_offline"] == pytest.approx((0.9 + 130 / 110) / 2)
+    assert adapter["req_per_s"] == pytest.approx(120)  # the upper median of 90, 100, 120, 130
+
+
+def test_processes_are_never_paired_with_one_that_did_not_run_next_to_them(report: ModuleType) -> None:
+    outcomes = {
+        "offline": [child([100, 110]), None],
+        "adapter": [None, child([120, 100])],
+    }
+    summary = report.summarize("compiled-abba", outcomes, compare=1)
+    adapter = summary["adapter"]["generate"]
+    assert "round_ratios" not in adapter
+    assert adapter["ratio_to_offline"] == pytest.approx(120 / 110)  # only the median rates remain
 
 
 def test_a_mode_that_failed_everywhere_is_reported_as_failed(report: ModuleType) -> None:
