@@ -2,7 +2,7 @@
 
 An engine takes 20-70 s to start (loading weights, profiling memory, compiling, capturing CUDA graphs).
 Built on the shared loop, it would freeze every other backend's requests on that loop for as long; so it is
-built in a worker thread. ``AsyncLLM`` supports that: built with no running loop it defers its loop-bound
+built in a thread of its own. ``AsyncLLM`` supports that: built with no running loop it defers its loop-bound
 tasks (the output handler, the ZeroMQ output reader) to first use, and its asyncio sockets bind to the loop
 that first awaits them. `start_engine` then starts those tasks on the shared loop at once, as ``AsyncLLM``
 does when built on a loop, so an engine that fails before the first request is noticed then.
@@ -12,42 +12,68 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from typing import Any
+import threading
+import warnings
 
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.usage.usage_lib import UsageContext
-from vllm.v1.engine.async_llm import AsyncLLM
+with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and torch, as in vllm.py
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 __all__ = ["shutdown_engine", "start_engine"]
 
 
-async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
-    """Build the engine in a worker thread with the offline ``LLM`` class's scheduler defaults.
+# vLLM's start-up changes process-wide state without a lock (OMP_NUM_THREADS and torch's thread count, saved
+# and restored; os.environ): two engines starting at once could leave each other's values behind.
+_STARTING = threading.Lock()
 
-    Cancelling the caller does not stop the thread (nothing can): the engine is shut down as soon as it
-    exists, so a cancelled start leaves no engine process behind.
+
+async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
+    """Build the engine in a thread of its own with the offline ``LLM`` class's scheduler defaults.
+
+    The thread is a daemon, so a process that gives up on a start (Ctrl-C, a cancelled caller) can exit
+    without waiting for it. Cancelling the caller cannot stop the build itself: the engine is shut down as
+    soon as it exists, so a cancelled start leaves no engine process behind.
 
     Raises:
         Exception: Whatever ``AsyncLLM.from_engine_args`` raised; the adapter maps it.
     """
     loop = asyncio.get_running_loop()
-    build = functools.partial(AsyncLLM.from_engine_args, args, usage_context=UsageContext.LLM_CLASS)
-    starting = loop.run_in_executor(None, build)
-    try:
-        engine = await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        starting.add_done_callback(_shut_down_when_built)
-        raise
+    built: asyncio.Future[AsyncLLM] = loop.create_future()
+
+    def build() -> None:
+        try:
+            with _STARTING:
+                engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+        except BaseException as exc:
+            outcome: tuple[AsyncLLM | None, BaseException | None] = (None, exc)
+        else:
+            outcome = (engine, None)
+        try:
+            loop.call_soon_threadsafe(_settle, built, *outcome)
+        except RuntimeError:  # the loop is gone (the process is exiting): nobody will use the engine
+            if outcome[0] is not None:
+                shutdown_engine(outcome[0])
+
+    threading.Thread(target=build, name="asyncbackends-vllm-start", daemon=True).start()
+    engine = await built  # cancelling this cancels `built`; _settle then shuts the engine down
     start_output_handler = getattr(engine, "_run_output_handler", None)
     if start_output_handler is not None:  # else (another vLLM) it starts with the first request
         start_output_handler()
     return engine
 
 
-def _shut_down_when_built(starting: asyncio.Future[Any]) -> None:
-    if not starting.cancelled() and starting.exception() is None:
-        shutdown_engine(starting.result())
+def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: BaseException | None) -> None:
+    if not built.cancelled():
+        if error is not None:
+            built.set_exception(error)
+        else:
+            built.set_result(engine)  # type: ignore[arg-type]  # no error: an engine
+    elif engine is not None:
+        # Nobody waits for this engine: stop it in a thread, not on the loop other backends use (it joins
+        # the engine's processes), and not in a daemon, so that the processes are reaped before exit.
+        threading.Thread(target=shutdown_engine, args=(engine,), name="asyncbackends-vllm-stop").start()
 
 
 def shutdown_engine(engine: AsyncLLM) -> None:

@@ -1,0 +1,111 @@
+"""The engine-start thread on its own, with a stand-in for ``AsyncLLM.from_engine_args`` (no engine runs).
+
+The real start is covered by test_engine_start.py; here the timing is ours to choose: starts that overlap,
+a caller that gives up, and a process that exits while an engine is still starting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+from asyncbackends.adapters import _vllm_engine
+
+NO_ARGS: Any = None  # the stand-in builder ignores the engine arguments
+
+
+class _FakeEngine:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+
+
+class _SlowBuilder:
+    """Takes ``seconds`` to build; counts how many builds ran at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = self.most_at_once = 0
+        self.lock = threading.Lock()
+        self.engines: list[_FakeEngine] = []
+
+    def __call__(self, args: Any, usage_context: Any = None) -> _FakeEngine:
+        with self.lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        engine = _FakeEngine()
+        self.engines.append(engine)
+        return engine
+
+
+@pytest.fixture
+def builder(monkeypatch: pytest.MonkeyPatch) -> _SlowBuilder:
+    slow = _SlowBuilder(0.5)
+    monkeypatch.setattr(_vllm_engine.AsyncLLM, "from_engine_args", slow)
+    return slow
+
+
+def test_engines_start_one_at_a_time(builder: _SlowBuilder) -> None:
+    async def two() -> list[Any]:
+        return list(
+            await asyncio.gather(_vllm_engine.start_engine(NO_ARGS), _vllm_engine.start_engine(NO_ARGS))
+        )
+
+    engines = ab.get_loop_manager().run(two())
+    assert len({id(e) for e in engines}) == 2
+    assert builder.most_at_once == 1
+
+
+def test_a_cancelled_start_returns_at_once_and_the_engine_is_stopped_when_built(
+    builder: _SlowBuilder,
+) -> None:
+    starting = ab.get_loop_manager().submit(_vllm_engine.start_engine(NO_ARGS))
+    time.sleep(0.1)
+    cancelled = time.monotonic()
+    starting.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        starting.result(timeout=5)
+    assert time.monotonic() - cancelled < 0.3  # not after the 0.5 s build
+    deadline = time.monotonic() + 10
+    while not builder.engines:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert builder.engines[0].stopped.wait(timeout=10)
+
+
+def test_a_process_exits_without_waiting_for_a_start(tmp_path: Any) -> None:
+    script = tmp_path / "exit_while_starting.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time
+            import asyncbackends as ab
+            from asyncbackends.adapters import _vllm_engine
+
+            _vllm_engine.AsyncLLM.from_engine_args = lambda *a, **k: time.sleep(60)
+            ab.get_loop_manager().submit(_vllm_engine.start_engine(None))
+            time.sleep(0.5)
+            print("leaving", flush=True)
+            """
+        )
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "leaving" in done.stdout
+    assert elapsed < 45, f"the process waited {elapsed:.0f} s for a start it gave up on"
