@@ -7,17 +7,16 @@ malformed-response `BackendError` with the request's id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ..types import Capabilities, Completion, GenerationRequest, LoglikelihoodResult
+from ..types import Capabilities, Completion, GenerationRequest
 from ._scoring import ScoringPlan
 
 __all__ = [
     "capabilities",
     "completion_payload",
     "echo_payload",
-    "loglikelihood_result",
     "parse_completions",
     "parse_echo",
 ]
@@ -98,18 +97,6 @@ def parse_echo(body: Any, plan: ScoringPlan) -> list[tuple[float, bool]]:
         top = tops[i] or {}
         scored.append((value, value >= max(top.values(), default=value)))
     return scored
-
-
-def loglikelihood_result(rid: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
-    """Sum the scored tokens; greedy when every one was the top-1 token."""
-    logprobs = tuple(lp for lp, _ in scored)
-    return LoglikelihoodResult(
-        rid,
-        sum(logprobs),
-        is_greedy=all(g for _, g in scored),
-        num_tokens=len(scored),
-        token_logprobs=logprobs,
-    )
 
 
 def capabilities(server: str, max_concurrency: int | None) -> Capabilities:

@@ -12,12 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..types import LoglikelihoodResult
+
 __all__ = [
     "ScoringPlan",
     "Tokenizer",
     "logprob_of",
     "plan_loglikelihood",
     "plan_rolling",
+    "scored_result",
     "split_trailing_space",
 ]
 
@@ -123,3 +126,15 @@ def logprob_of(step: Mapping[int, Any] | None, token: int) -> float:
     """The logprob vLLM reported for ``token`` at one step (NaN where it reported none)."""
     entry = step.get(token) if step is not None else None
     return float(entry.logprob) if entry is not None else float("nan")
+
+
+def scored_result(request_id: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
+    """Sum the scored tokens' (logprob, is it the top-1 token); greedy when every one was the top-1 token."""
+    logprobs = tuple(lp for lp, _ in scored)
+    return LoglikelihoodResult(
+        request_id,
+        sum(logprobs),
+        is_greedy=all(top for _, top in scored),
+        num_tokens=len(scored),
+        token_logprobs=logprobs,
+    )

@@ -52,11 +52,10 @@ from ._openai_wire import (
     capabilities,
     completion_payload,
     echo_payload,
-    loglikelihood_result,
     parse_completions,
     parse_echo,
 )
-from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, split_trailing_space
+from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, split_trailing_space
 
 __all__ = ["OpenAIBackend"]
 
@@ -290,7 +289,7 @@ class OpenAIBackend(BaseBackend):
                 backend=self.name,
                 request_id=rid,
             )
-        return loglikelihood_result(rid, await self._score(scoring, rid))
+        return scored_result(rid, await self._score(scoring, rid))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
@@ -303,7 +302,7 @@ class OpenAIBackend(BaseBackend):
         ids = await self._tokenize(request.text, rid)
         plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
         windows = await all_or_nothing([self._score(p, rid) for p in plans])
-        return loglikelihood_result(rid, [item for window in windows for item in window])
+        return scored_result(rid, [item for window in windows for item in window])
 
     @property
     def _max_prompt_tokens(self) -> int:

@@ -1,6 +1,6 @@
 """`VLLMBackend` (name ``vllm``): an in-process vLLM ``AsyncLLM`` engine.
 
-The engine lives on the shared loop: `create` (through `create_backend`) builds it in a worker thread and
+The engine lives on the shared loop: `create` (through `create_backend`) builds it in a thread of its own and
 starts its loop-bound tasks on the shared loop (`_vllm_engine`), and every request runs there, because
 ``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
 exactly one engine request (a rolling loglikelihood sends one per window) and drains its generator inside
@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 # vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
@@ -57,7 +57,7 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
-from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling
+from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling, scored_result
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
 from ._vllm_engine import shutdown_engine, start_engine
 
@@ -144,8 +144,8 @@ class VLLMBackend(BaseBackend):
     async def create(cls, model: str, **engine_args: Any) -> VLLMBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it.
 
-        The engine starts in a worker thread, so other backends' requests on the shared loop go on while it
-        loads; cancelling the call shuts the engine down as soon as it has started.
+        The engine starts in a thread of its own, so other backends' requests on the shared loop go on while
+        it loads; cancelling the call shuts the engine down as soon as it has started.
 
         Args:
             model: A model directory or hub id.
@@ -166,7 +166,7 @@ class VLLMBackend(BaseBackend):
         except (TypeError, ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         try:
-            engine = await start_engine(args)  # in a worker thread: the shared loop serves on meanwhile
+            engine = await start_engine(args)  # in a thread of its own: the shared loop serves on meanwhile
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:
@@ -338,8 +338,8 @@ class VLLMBackend(BaseBackend):
 
     # -- scoring -------------------------------------------------------------------------------------
 
-    async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, int]]:
-        """The (logprob, rank) of each of the plan's scored tokens."""
+    async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
+        """The (logprob, is it the top-1 token) of each of the plan's scored tokens."""
         params = VLLMSamplingParams(
             max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
         )
@@ -352,7 +352,7 @@ class VLLMBackend(BaseBackend):
             entry = row[token] if row is not None else None
             if entry is None:
                 raise BackendError("vllm omitted a prompt logprob", backend=self.name, request_id=request_id)
-            scored.append((float(entry.logprob), int(entry.rank or 0)))
+            scored.append((float(entry.logprob), entry.rank == 1))
         return scored
 
     def _encode(self, text: str) -> list[int]:
@@ -380,7 +380,7 @@ class VLLMBackend(BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
-        return _scored_result(request.request_id, await self._score(plan, request.request_id))
+        return scored_result(request.request_id, await self._score(plan, request.request_id))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
@@ -389,7 +389,7 @@ class VLLMBackend(BaseBackend):
             self._encode(request.text), prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens
         )
         windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
-        return _scored_result(request.request_id, [item for window in windows for item in window])
+        return scored_result(request.request_id, [item for window in windows for item in window])
 
     # -- lifetime ------------------------------------------------------------------------------------
 
@@ -401,15 +401,3 @@ class VLLMBackend(BaseBackend):
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine
-
-
-def _scored_result(request_id: str | None, scored: Sequence[tuple[float, int]]) -> LoglikelihoodResult:
-    """A loglikelihood result from (logprob, rank) per scored token: greedy when every rank is 1."""
-    logprobs = tuple(lp for lp, _ in scored)
-    return LoglikelihoodResult(
-        request_id,
-        sum(logprobs),
-        is_greedy=all(rank == 1 for _, rank in scored),
-        num_tokens=len(scored),
-        token_logprobs=logprobs,
-    )
