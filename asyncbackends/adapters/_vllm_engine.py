@@ -43,18 +43,18 @@ async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
     built: asyncio.Future[AsyncLLM] = loop.create_future()
 
     def build() -> None:
+        engine: AsyncLLM | None = None
+        error: BaseException | None = None
         try:
             with _STARTING:
                 engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
-            outcome: tuple[AsyncLLM | None, BaseException | None] = (None, exc)
-        else:
-            outcome = (engine, None)
+            error = exc
         try:
-            loop.call_soon_threadsafe(_settle, built, *outcome)
+            loop.call_soon_threadsafe(_settle, built, engine, error)
         except RuntimeError:  # the loop is gone (the process is exiting): nobody will use the engine
-            if outcome[0] is not None:
-                shutdown_engine(outcome[0])
+            if engine is not None:
+                shutdown_engine(engine)
 
     threading.Thread(target=build, name="asyncbackends-vllm-start", daemon=True).start()
     engine = await built  # cancelling this cancels `built`; _settle then shuts the engine down
@@ -77,10 +77,14 @@ def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: Bas
 
 
 def shutdown_engine(engine: AsyncLLM) -> None:
-    """Stop the engine's processes and release its ZeroMQ context; call it on the shared loop."""
+    """Stop the engine's processes and release its ZeroMQ context.
+
+    Call it on the shared loop once the engine has served there; an engine whose loop-bound tasks never
+    started (a start nobody waits for) may be stopped from any thread.
+    """
     engine.shutdown()
-    # vLLM's async client closes its ZeroMQ sockets (here, synchronously: we are on its loop) but never
-    # terminates their context, whose finaliser then warns "Unclosed context" (an error under -W error).
+    # vLLM's async client closes its ZeroMQ sockets (synchronously) but never terminates their context,
+    # whose finaliser then warns "Unclosed context" (an error under -W error).
     ctx = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "ctx", None)
     if ctx is not None:
         with contextlib.suppress(Exception):
