@@ -114,13 +114,12 @@ def summarize(suite: str, outcomes: dict[str, list[dict[str, Any] | None]], comp
             continue
         entry: dict[str, Any] = {"init_s": run["init_s"], "vllm": run.get("vllm")}
         entry["generate"] = _rate(run["generate"])
-        entry["generate"]["rounds_req_per_s"] = [
-            r["requests"] / r["elapsed_s"] for r in run["generate"]["rounds"]
-        ]
-        entry["generate"]["process_rounds_req_per_s"] = [
+        per_process = [
             [r["requests"] / r["elapsed_s"] for r in rounds] if rounds else None
             for rounds in run.get("process_rounds", [run["generate"]["rounds"]])
         ]
+        entry["generate"]["process_rounds_req_per_s"] = per_process
+        entry["generate"]["rounds_req_per_s"] = [rate for rates in per_process if rates for rate in rates]
         entry["generate"]["rounds_frontend_cpu"] = [
             r["cpu_s"] / r["elapsed_s"] for r in run["generate"]["rounds"] if "cpu_s" in r
         ]
