@@ -9,12 +9,12 @@ here; `asyncbackends.gather` checks the options and resolves their defaults befo
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._clock import AttemptClock
 from ._tasks import all_or_nothing
 from .cache import ResponseCache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
@@ -82,17 +82,6 @@ def estimated_tokens(request: Request) -> float:
 Outcome = Result | AsyncBackendsError
 
 
-class Slot:
-    """One worker's current attempt deadline (monotonic seconds), read by the run's sweeper."""
-
-    __slots__ = ("deadline", "expired", "task")
-
-    def __init__(self) -> None:
-        self.deadline = math.inf
-        self.expired = False
-        self.task: asyncio.Task[None] | None = None
-
-
 class Engine:
     """One run: shared state of the worker pool."""
 
@@ -142,7 +131,7 @@ class Engine:
             self.metrics.requests += len(self.requests)
             self.metrics.started = self.metrics.started or time.perf_counter()
         loop = asyncio.get_running_loop()
-        slots = [Slot() for _ in range(min(self.concurrency, len(self.requests)))]
+        slots = [AttemptClock() for _ in range(min(self.concurrency, len(self.requests)))]
         tasks = []
         for slot in slots:
             slot.task = loop.create_task(self.work(slot))
@@ -167,7 +156,7 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.finished = time.perf_counter()
 
-    async def sweep(self, slots: list[Slot]) -> None:
+    async def sweep(self, slots: list[AttemptClock]) -> None:
         """Cancel attempts past their deadline.
 
         One sweeper per run instead of an ``asyncio.timeout`` per attempt: a timer handle per attempt costs
@@ -184,7 +173,7 @@ class Engine:
                     slot.expired = True
                     slot.task.cancel()
 
-    async def work(self, slot: Slot) -> None:
+    async def work(self, slot: AttemptClock) -> None:
         requests, sink, metrics = self.requests, self.sink, self.metrics
         for index in self.indices:
             request = requests[index]
@@ -213,7 +202,7 @@ class Engine:
                 if isinstance(outcome, AsyncBackendsError):
                     self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
-    async def attempt(self, method: Any, request: Request, slot: Slot, attempt: int) -> Result:
+    async def attempt(self, method: Any, request: Request, slot: AttemptClock, attempt: int) -> Result:
         """One call to the adapter, bounded by the per-attempt timeout.
 
         An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
@@ -222,7 +211,7 @@ class Engine:
         """
         if self.timeout is None:
             return await method(request)  # type: ignore[no-any-return]
-        slot.deadline = time.monotonic() + self.timeout
+        slot.start(self.timeout)
         try:
             result: Result = await method(request)
         except BaseException as exc:
@@ -234,13 +223,13 @@ class Engine:
             cause = None if isinstance(exc, asyncio.CancelledError) else exc
             raise BackendTimeoutError(f"attempt {attempt} took longer than {self.timeout} s") from cause
         finally:
-            slot.deadline = math.inf
+            slot.stop()
         if slot.expired:  # the adapter swallowed our cancellation and answered anyway
             slot.expired = False
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return result
 
-    async def one(self, request: Request, slot: Slot) -> Outcome:
+    async def one(self, request: Request, slot: AttemptClock) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
         method_name = _METHODS.get(type(request))
         method = getattr(self.backend, method_name, None) if method_name else None

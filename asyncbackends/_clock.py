@@ -1,0 +1,92 @@
+"""The per-attempt clock: what `gather`'s per-attempt timeout measures, and the waits it leaves out.
+
+A run times each attempt with an `AttemptClock` (read by the run's deadline sweeper). Waiting for a slot is
+never timed, whether the slot is one of the run's workers or one the adapter itself queues on (a pooled
+HTTP connection, an engine seat): an adapter takes such a slot with `held_slot`, and while every part of the
+attempt that asked for a slot is still waiting and none holds one, the clock stands still. Once any part
+holds a slot the clock runs, so a part that hangs while holding a connection still times out, even if
+another part of the same attempt (an n-sample fan-out) waits behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+
+__all__ = ["AttemptClock", "held_slot"]
+
+_current: ContextVar[AttemptClock | None] = ContextVar("asyncbackends_attempt_clock", default=None)
+
+
+class AttemptClock:
+    """One worker's attempt deadline (monotonic seconds), paused while the attempt only waits for slots."""
+
+    __slots__ = ("_remaining", "deadline", "expired", "held", "task", "waiting")
+
+    def __init__(self) -> None:
+        self.deadline = math.inf
+        self.expired = False
+        self.task: asyncio.Task[None] | None = None
+        self.waiting = 0
+        self.held = 0
+        self._remaining: float | None = None  # seconds left while paused; None while running
+
+    def start(self, timeout: float) -> None:
+        """Start timing an attempt in the current task (and the tasks it spawns from here)."""
+        self.waiting = self.held = 0
+        self._remaining = None
+        self.deadline = time.monotonic() + timeout
+        _current.set(self)
+
+    def stop(self) -> None:
+        """Stop timing: the attempt ended."""
+        self.deadline = math.inf
+        self._remaining = None
+        _current.set(None)
+
+    def _update(self) -> None:
+        paused = self.waiting > 0 and self.held == 0
+        if paused and self._remaining is None and self.deadline != math.inf:
+            self._remaining = max(0.0, self.deadline - time.monotonic())
+            self.deadline = math.inf
+        elif not paused and self._remaining is not None:
+            self.deadline = time.monotonic() + self._remaining
+            self._remaining = None
+
+
+@asynccontextmanager
+async def held_slot(semaphore: asyncio.Semaphore | None) -> AsyncIterator[None]:
+    """Hold one of ``semaphore``'s slots for the body; the wait for it is not timed by `gather`.
+
+    ``None`` means no limit: the body runs at once. Outside a timed attempt this is a plain
+    ``async with semaphore``.
+    """
+    if semaphore is None:
+        yield
+        return
+    clock = _current.get()
+    if clock is None or clock.deadline == math.inf and clock._remaining is None:
+        async with semaphore:
+            yield
+        return
+    clock.waiting += 1
+    clock._update()
+    try:
+        await semaphore.acquire()
+    except BaseException:
+        clock.waiting -= 1
+        clock._update()
+        raise
+    clock.waiting -= 1
+    try:
+        clock.held += 1
+        clock._update()
+        yield
+    finally:
+        clock.held -= 1
+        clock._update()
+        semaphore.release()
