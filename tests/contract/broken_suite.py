@@ -87,6 +87,67 @@ class TestPositiveScore(_Broken):
     target = "broken_adapters:PositiveScoreBackend"
 
 
+class TestBlocking(_Broken):
+    target = "broken_adapters:BlockingBackend"
+
+
+class TestRepeatedSample(_Broken):
+    target = "broken_adapters:RepeatedSampleBackend"
+
+
+class TestSecretInError(_Broken):
+    target = "broken_adapters:SecretInErrorBackend"
+    options: ClassVar[dict[str, Any]] = {"api_key": SECRET}
+
+    @pytest.fixture
+    def secret(self) -> str:
+        return SECRET
+
+    @pytest.fixture
+    def failing_backend(self) -> Callable[[], ab.AsyncBackend]:
+        return lambda: ab.create_backend(self.target, api_key=SECRET, offline=True)
+
+    @pytest.fixture
+    def rejected_requests(self) -> list[ab.GenerationRequest]:
+        return [ab.GenerationRequest("x" * 2000, request_id="too-long")]
+
+
+class TestPlainCredentials(_Broken):
+    # No secret fixture: the walk finds credential-shaped state by itself.
+    target = "broken_adapters:PlainCredentialsBackend"
+    options: ClassVar[dict[str, Any]] = {"api_key": SECRET, "url": "http://user:pa55word@127.0.0.1:9"}
+
+
+class TestResultsAfterClose(_Broken):
+    target = "broken_adapters:ResultsAfterCloseBackend"
+
+
+class TestRetryableAtClose(_Broken):
+    target = "broken_adapters:RetryableAtCloseBackend"
+
+
+class TestClosingCorrectly(_Broken):
+    """A correct adapter at close: must pass every contract, the in-flight one included."""
+
+    target = "broken_adapters:ClosingMock"
+
+
+class _SlotLimited(_Broken):
+    @pytest.fixture
+    def make_slot_limited_backend(self) -> Callable[[int], ab.AsyncBackend]:
+        return lambda limit: ab.create_backend(self.target, max_slots=limit, latency=0.05)
+
+
+class TestQueued(_SlotLimited):
+    target = "broken_adapters:QueuedBackend"
+
+
+class TestHeldSlot(_SlotLimited):
+    """A correct adapter with slots of its own: must pass every contract, the timeout one included."""
+
+    target = "broken_adapters:HeldSlotBackend"
+
+
 class TestOverrides(_Broken):
     """A correct backend, but the suite was tampered with."""
 

@@ -33,28 +33,42 @@ class TestMyBackend(BackendContract):
 ```
 
 Fixtures to override (see `ContractBase` for each one's default): ``backend`` (required), ``make_backend``,
-``failing_backend``, ``rejected_requests``, ``secret``, ``prompts``, ``token_prompt``, ``decode``. Knobs are
-class attributes: ``max_tokens``, ``long_max_tokens``, ``concurrency``, ``cancel_after``, ``cancel_timeout``,
-``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``.
+``failing_backend``, ``make_slot_limited_backend``, ``rejected_requests``, ``secret``, ``prompts``,
+``token_prompt``, ``decode``. Knobs are class attributes: ``max_tokens``, ``long_max_tokens``,
+``concurrency``, ``cancel_after``, ``cancel_timeout``, ``request_timeout``, ``score_tolerance``,
+``greedy_batch_invariant``, ``loop_stall_threshold``, ``loop_stalls_allowed``, ``varied_samples``,
+``contract_version``.
+
+`CONTRACT_VERSION` is the suite's version, raised whenever a contract test is added or made stricter. Pin it
+with ``contract_version = N`` on your class: contract tests added after version N then skip (naming their
+version) until you raise the pin, so upgrading asyncbackends never turns your CI red unannounced.
 
 `run_contract` runs the whole suite against any registered adapter (the ``asyncbackends contract`` command).
 """
 
 from __future__ import annotations
 
-from ._base import GUARD_TEST, ContractBase, contract_tests, expect
+from ._base import CONTRACT_VERSION, GUARD_TEST, ContractBase, added_in, contract_tests, expect
+from .closing import ClosingContract
+from .concurrency import ConcurrencyContract
+from .credentials import CredentialsContract
 from .generation import GenerationContract
 from .lifecycle import LifecycleContract
 from .runner import parse_option_value, run_contract
 from .scoring import LoglikelihoodContract
 
 __all__ = [
+    "CONTRACT_VERSION",
     "GUARD_TEST",
     "BackendContract",
+    "ClosingContract",
+    "ConcurrencyContract",
     "ContractBase",
+    "CredentialsContract",
     "GenerationContract",
     "LifecycleContract",
     "LoglikelihoodContract",
+    "added_in",
     "contract_tests",
     "expect",
     "parse_option_value",
@@ -62,5 +76,12 @@ __all__ = [
 ]
 
 
-class BackendContract(GenerationContract, LoglikelihoodContract, LifecycleContract):
+class BackendContract(
+    GenerationContract,
+    LoglikelihoodContract,
+    LifecycleContract,
+    ClosingContract,
+    CredentialsContract,
+    ConcurrencyContract,
+):
     """The whole contract: subclass it, override the ``backend`` fixture; capabilities pick the tests."""

@@ -16,11 +16,35 @@ import pytest
 from ...gather import RetryPolicy, run_batch
 from ...loop import get_loop_manager
 from ...protocol import AsyncBackend
-from ...types import GenerationRequest, GenerationResult, Request, SamplingParams
+from ...types import (
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    Request,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
 
-__all__ = ["GUARD_TEST", "ContractBase", "contract_tests", "expect", "is_contract_class"]
+__all__ = [
+    "CONTRACT_VERSION",
+    "GUARD_TEST",
+    "ContractBase",
+    "added_in",
+    "contract_tests",
+    "expect",
+    "is_contract_class",
+]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONTRACT_VERSION = 2
+"""The suite's version: raised by one whenever a contract test is added or made stricter.
+
+Pin it (``contract_version = 1`` on your test class) to run only the contracts of that version and older:
+newer ones skip, naming the version that added them, so a library upgrade cannot turn your CI red before you
+choose to meet its new contracts.
+"""
 
 GUARD_TEST = "test_no_overrides_DO_NOT_OVERRIDE"
 _CONTRACT_PACKAGE = __name__.rpartition(".")[0]
@@ -46,6 +70,23 @@ def contract_tests(cls: type) -> dict[str, type]:
     return tests
 
 
+def added_in(version: int) -> Callable[[F], F]:
+    """Mark a contract test as added (or made stricter) in suite version ``version``."""
+
+    def mark(test: F) -> F:
+        test.__contract_version__ = version  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def version_of_test(cls: type, name: str) -> int:
+    """The suite version that added contract test ``name`` (1 for the first suite's tests)."""
+    owner = contract_tests(cls).get(name)
+    test = vars(owner).get(name) if owner is not None else None
+    return int(getattr(test, "__contract_version__", 1))
+
+
 def _xfail_reason(function: object) -> str | None:
     for mark in getattr(function, "pytestmark", ()):
         if getattr(mark, "name", None) == "xfail":
@@ -53,6 +94,22 @@ def _xfail_reason(function: object) -> str | None:
             if isinstance(reason, str) and reason.strip():
                 return reason
     return None
+
+
+def describe_error(error: BaseException) -> str:
+    """``module.Type: message``: enough to tell a raw exception from one of the library's."""
+    kind = type(error)
+    return f"{kind.__module__}.{kind.__qualname__}: {error}"
+
+
+def request_method(backend: Any, request: Request) -> Callable[[Any], Coroutine[Any, Any, Any]] | None:
+    """The backend's method for ``request`` (``generate``, ``loglikelihood``...), or ``None``."""
+    name = {
+        GenerationRequest: "generate",
+        LoglikelihoodRequest: "loglikelihood",
+        RollingLoglikelihoodRequest: "loglikelihood_rolling",
+    }[type(request)]
+    return getattr(backend, name, None)
 
 
 def close_enough(a: float, b: float, tolerance: float) -> bool:
@@ -79,9 +136,14 @@ class ContractBase:
     - ``token_prompt``: a token-id prompt valid for your model (used when ``capabilities.token_ids``).
     - ``decode``: token ids to text (``tokenizer.decode(ids, skip_special_tokens=True)``), or ``None``;
       given, each greedy completion's text must equal the decoding of its token ids.
+    - ``make_slot_limited_backend``: for adapters that queue on slots of their own (a connection pool, engine
+      seats): a callable ``limit -> backend`` building a fresh backend holding at most ``limit`` requests at
+      once (``lambda limit: ab.create_backend("tgi", url=..., max_connections=limit)``), or ``None``
+      (default) to skip the timeout-semantics check.
 
     Knobs (class attributes): ``max_tokens``, ``long_max_tokens``, ``concurrency``, ``cancel_after``,
-    ``cancel_timeout``, ``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``.
+    ``cancel_timeout``, ``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``,
+    ``loop_stall_threshold``, ``loop_stalls_allowed``, ``varied_samples``, ``contract_version``.
     """
 
     max_tokens: ClassVar[int] = 8
@@ -100,12 +162,32 @@ class ContractBase:
     """Absolute and relative tolerance between loglikelihoods that must agree."""
     greedy_batch_invariant: ClassVar[bool] = True
     """Whether greedy output is the same batched and alone (set False where batching changes numerics)."""
+    loop_stall_threshold: ClassVar[float] = 0.1
+    """Seconds the shared loop may stall inside the adapter before the stall counts against it."""
+    loop_stalls_allowed: ClassVar[int] = 2
+    """Stalls over the threshold tolerated per probe batch (a loaded machine preempts the loop thread)."""
+    varied_samples: ClassVar[int] = 6
+    """Samples asked per prompt at temperature 1 by the check that samples are not copies of one."""
+    contract_version: ClassVar[int | None] = None
+    """Run only the contract tests of this suite version and older (`CONTRACT_VERSION`); None runs all."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not is_contract_class(cls) and GUARD_TEST in vars(cls):
             raise TypeError(
                 f"{cls.__qualname__} overrides {GUARD_TEST}, which guards the contract suite itself"
+            )
+
+    @pytest.fixture(autouse=True)
+    def _contract_version_pin(self, request: pytest.FixtureRequest) -> None:
+        pinned = self.contract_version
+        if pinned is None:
+            return
+        added = version_of_test(type(self), request.node.originalname)
+        if added > pinned:
+            pytest.skip(
+                f"added in contract version {added}; this class pins contract_version = {pinned} "
+                f"(the suite is at {CONTRACT_VERSION}: raise the pin to run it)"
             )
 
     # -- fixtures the author overrides -------------------------------------------------------------------
@@ -126,6 +208,11 @@ class ContractBase:
     @pytest.fixture
     def failing_backend(self) -> Callable[[], AsyncBackend] | None:
         """Builds a backend whose requests fail at the transport or engine; ``None`` skips that check."""
+        return None
+
+    @pytest.fixture
+    def make_slot_limited_backend(self) -> Callable[[int], AsyncBackend] | None:
+        """Builds a fresh backend holding at most ``limit`` requests at once; ``None`` skips that check."""
         return None
 
     @pytest.fixture
@@ -167,6 +254,18 @@ class ContractBase:
                 )
 
         return get_loop_manager().run(bounded())
+
+    def outcome(self, backend: AsyncBackend, request: Request) -> tuple[Any, BaseException | None]:
+        """``(result, None)`` or ``(None, exception)`` of one direct call; ``(None, None)`` if no method."""
+        method = request_method(backend, request)
+        if method is None:
+            return None, None
+        try:
+            return self.call(method(request)), None
+        except pytest.fail.Exception:
+            raise
+        except BaseException as exc:  # the point is to see whatever escapes the adapter
+            return None, exc
 
     def batch(
         self, backend: AsyncBackend, requests: Sequence[Request], concurrency: int | None = None

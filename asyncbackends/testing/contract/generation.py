@@ -19,7 +19,7 @@ from ...types import (
     Request,
     SamplingParams,
 )
-from ._base import ContractBase, close_enough, expect
+from ._base import ContractBase, added_in, close_enough, expect
 
 __all__ = ["GenerationContract"]
 
@@ -151,6 +151,33 @@ class GenerationContract(ContractBase):
             )
             for completion in result.completions:
                 self._check_completion(completion, params, backend.capabilities)
+
+    @added_in(2)
+    def test_n_samples_vary(self, backend: AsyncBackend, prompts: Sequence[str]) -> None:
+        """``n`` samples at temperature 1 are drawn independently: not one sample repeated ``n`` times."""
+        self.require(backend, "n_samples")
+        n, budget = self.varied_samples, max(16, self.max_tokens)
+        params = SamplingParams(max_tokens=budget, temperature=1.0, n=n)
+        seen: list[str] = []
+        for index, prompt in enumerate(prompts):
+            result = self.generate(backend, prompt, request_id=f"vary-{index}", **_fields(params))
+            if len(result.completions) < 2:
+                pytest.skip(f"n={n} gave {len(result.completions)} completion(s): test_n_completions_exactly")
+            samples = {(c.text, tuple(c.token_ids)) for c in result.completions}
+            if len(samples) > 1:
+                return
+            seen.append(f"{prompt!r} -> {n} x {result.completions[0].text!r}")
+        expect(
+            False,
+            f"asked for n={n} samples of up to {budget} tokens at temperature=1.0, and for every one of "
+            f"{len(prompts)} prompts all {n} samples were identical:\n  "
+            + "\n  ".join(seen)
+            + "\ndraw each sample independently (a seed per sample, seed + i where the engine takes one "
+            "seed), never copy one sample n times. A correct engine trips this only if it gives the "
+            f"same {budget}-token continuation {n} times in a row for every prompt: for a model with any "
+            "uncertainty on these prompts that is vanishingly unlikely (override `prompts` if yours is "
+            "that certain)",
+        )
 
     def test_seeded_sampling_reproducible(self, backend: AsyncBackend, prompts: Sequence[str]) -> None:
         """The same seed gives the same samples, sequentially and when sent together."""
