@@ -6,6 +6,7 @@ The look-alike serves on the shared loop here (the suite's tests are sync), besi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,10 @@ class TestTGIContract(BackendContract):
         return lambda: ab.create_backend("tgi", url=server.url, token=SECRET)
 
     @pytest.fixture
+    def make_slot_limited_backend(self, server: FakeTGIServer) -> Callable[[int], ab.AsyncBackend]:
+        return lambda limit: ab.create_backend("tgi", url=server.url, token=SECRET, max_connections=limit)
+
+    @pytest.fixture
     def failing_backend(self) -> Callable[[], ab.AsyncBackend]:
         # Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
         return lambda: ab.create_backend("tgi", url="http://127.0.0.1:9", token=False)
@@ -56,3 +61,23 @@ class TestTGIContract(BackendContract):
     @pytest.fixture
     def decode(self) -> Callable[[Sequence[int]], str]:
         return lambda ids: "".join(FakeModel.token_text(i) for i in ids)
+
+    # Genuine adapter defects the contract now catches (issue 14, items 4 and 5, fixed by the core helper's
+    # branch); not strict, so the fix landing turns these into passes without touching this file.
+    @pytest.mark.xfail(
+        reason="HTTP adapters: a request in flight at aclose() fails as a retryable BackendUnavailableError "
+        "(its aiohttp session is closed under it) instead of BackendClosedError: issue 14 item 5",
+        strict=False,
+    )
+    def test_aclose_ends_requests_in_flight(self, make_backend: Any, prompts: Sequence[str]) -> None:
+        super().test_aclose_ends_requests_in_flight(make_backend, prompts)
+
+    @pytest.mark.xfail(
+        reason="HTTP adapters: the wait for a pooled connection (max_connections) counts toward gather's "
+        "per-attempt timeout; the transport must take its slot with held_slot: issue 14 item 4",
+        strict=False,
+    )
+    def test_timeout_excludes_waiting_for_a_slot(
+        self, make_slot_limited_backend: Any, prompts: Sequence[str]
+    ) -> None:
+        super().test_timeout_excludes_waiting_for_a_slot(make_slot_limited_backend, prompts)
