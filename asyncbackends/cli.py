@@ -214,7 +214,14 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     from .testing.contract import run_contract
 
-    return run_contract(args.name, parse_options(args.option), list(args.pytest_args))
+    failing = parse_options(args.failing_option) if args.failing_option else None
+    return run_contract(
+        args.name,
+        parse_options(args.option),
+        list(args.pytest_args),
+        failing_options=failing,
+        slot_limit_option=args.slot_limit_option,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -240,6 +247,18 @@ def _parser() -> argparse.ArgumentParser:
     contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
     contract.add_argument("name", help="adapter name")
     contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    contract.add_argument(
+        "--failing-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option (over the others) making every request fail, e.g. url=http://127.0.0.1:9",
+    )
+    contract.add_argument(
+        "--slot-limit-option",
+        metavar="NAME",
+        help="option sizing the adapter's own pool: max_connections",
+    )
     contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
     return parser
 

@@ -8,10 +8,19 @@ Options:
     ``--backend-name NAME``: the registered adapter (or ``"module:Class"``) to build.
     ``--backend-option KEY=VALUE``: an adapter option, repeatable; values read by `parse_option_value`.
     ``--no-fresh-backends``: do not build extra backends for the checks that close one (expensive engines).
+    ``--failing-backend-option KEY=VALUE``: options (over the others) that make every request fail in the
+    transport or engine, e.g. ``url=http://127.0.0.1:9``; repeatable. Enables the error-mapping checks.
+    ``--slot-limit-option NAME``: the adapter option that sizes its own pool or engine slots, e.g.
+    ``max_connections``. Enables the timeout-semantics check.
 
 Fixtures (session scoped): ``backend_name``, ``backend_options``, ``registered_backend`` (built once, closed
 at the end), ``make_registered_backend`` (a factory for fresh ones, or ``None``), ``backend_secret`` (the
-value of an option whose name says it is a credential: token, key, secret, password).
+value of an option whose name says it is a credential: token, key, secret, password),
+``make_failing_registered_backend`` and ``make_slot_limited_registered_backend`` (factories, or ``None``).
+
+Before any test, ``registered_backend`` sends one short request: a backend whose server cannot be reached
+(`BackendUnavailableError`, when built or on that request) ends the session at once with exit status
+`UNREACHABLE_EXIT` and "cannot reach the server", instead of failing every contract for the same reason.
 """
 
 from __future__ import annotations
@@ -22,12 +31,27 @@ from typing import Any
 import pytest
 
 from ..cli import parse_option_value
+from ..errors import BackendUnavailableError
 from ..registry import create_backend
+from ..types import GenerationRequest, SamplingParams
 
-__all__ = ["CONTRACT_TARGET", "parse_backend_options", "parse_option_value"]
+__all__ = [
+    "CONTRACT_EXTRAS",
+    "CONTRACT_TARGET",
+    "UNREACHABLE",
+    "UNREACHABLE_EXIT",
+    "parse_backend_options",
+    "parse_option_value",
+]
 
 CONTRACT_TARGET = pytest.StashKey[tuple[str, Mapping[str, Any]]]()
 """Where `run_contract` hands the plugin a name and already-typed options, bypassing the command line."""
+CONTRACT_EXTRAS = pytest.StashKey[tuple[Mapping[str, Any] | None, str | None]]()
+"""Where `run_contract` hands the failing-backend options and the slot-limit option name."""
+UNREACHABLE = pytest.StashKey[str]()
+"""Set when the backend's server could not be reached: the message, for the verdict."""
+UNREACHABLE_EXIT = 3
+"""The exit status of a session ended because the server could not be reached (no contract checked)."""
 
 _SECRET_WORDS = ("token", "key", "secret", "password")
 
@@ -42,6 +66,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="adapter option (repeatable); JSON values are decoded",
+    )
+    group.addoption(
+        "--failing-backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option making every request fail (e.g. url=http://127.0.0.1:9); repeatable",
+    )
+    group.addoption(
+        "--slot-limit-option",
+        default=None,
+        metavar="NAME",
+        help="the adapter option sizing its own pool or slots (e.g. max_connections)",
     )
     group.addoption(
         "--no-fresh-backends",
@@ -72,6 +109,19 @@ def _target(config: pytest.Config) -> tuple[str | None, Mapping[str, Any]]:
     return config.getoption("backend_name"), parse_backend_options(config.getoption("backend_option"))
 
 
+def _extras(config: pytest.Config) -> tuple[Mapping[str, Any] | None, str | None]:
+    if CONTRACT_EXTRAS in config.stash:
+        return config.stash[CONTRACT_EXTRAS]
+    failing = config.getoption("failing_backend_option")
+    return (parse_backend_options(failing) if failing else None), config.getoption("slot_limit_option")
+
+
+def _unreachable(config: pytest.Config, name: str, error: BaseException) -> None:
+    message = f"cannot reach the server of backend {name!r}: {type(error).__name__}: {error}"
+    config.stash[UNREACHABLE] = message
+    pytest.exit(message, returncode=UNREACHABLE_EXIT)
+
+
 @pytest.fixture(scope="session")
 def backend_name(pytestconfig: pytest.Config) -> str:
     """The adapter name given with ``--backend-name``; tests needing it skip when there is none."""
@@ -97,12 +147,28 @@ def backend_secret(backend_options: dict[str, Any]) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def registered_backend(backend_name: str, backend_options: dict[str, Any]) -> Iterator[Any]:
-    """The backend built once from the command line, shared by the session and closed at its end."""
-    backend = create_backend(backend_name, **backend_options)
-    yield backend
+def registered_backend(
+    pytestconfig: pytest.Config, backend_name: str, backend_options: dict[str, Any]
+) -> Iterator[Any]:
+    """The backend built once from the command line, shared by the session and closed at its end.
+
+    One short request goes first: a server that cannot be reached ends the session (`UNREACHABLE_EXIT`).
+    """
     from ..loop import get_loop_manager
 
+    try:
+        backend = create_backend(backend_name, **backend_options)
+    except BackendUnavailableError as exc:
+        _unreachable(pytestconfig, backend_name, exc)
+    probe = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="reachability-probe")
+    try:
+        get_loop_manager().run(backend.generate(probe))
+    except BackendUnavailableError as exc:
+        get_loop_manager().run(backend.aclose())
+        _unreachable(pytestconfig, backend_name, exc)
+    except Exception:
+        pass
+    yield backend
     get_loop_manager().run(backend.aclose())
 
 
@@ -122,7 +188,50 @@ def make_registered_backend(
         return backend
 
     yield make
+    _close_all(built)
+
+
+def _factory(name: str, options: Mapping[str, Any]) -> tuple[Callable[..., Any], list[Any]]:
+    built: list[Any] = []
+
+    def make(**more: Any) -> Any:
+        backend = create_backend(name, **{**options, **more})
+        built.append(backend)
+        return backend
+
+    return make, built
+
+
+def _close_all(built: list[Any]) -> None:
     from ..loop import get_loop_manager
 
     for backend in built:
         get_loop_manager().run(backend.aclose())
+
+
+@pytest.fixture(scope="session")
+def make_failing_registered_backend(
+    pytestconfig: pytest.Config, backend_name: str, backend_options: dict[str, Any]
+) -> Iterator[Callable[[], Any] | None]:
+    """Backends built with the failing-backend options over the others; ``None`` when none were given."""
+    failing, _ = _extras(pytestconfig)
+    if not failing:
+        yield None
+        return
+    make, built = _factory(backend_name, {**backend_options, **failing})
+    yield make
+    _close_all(built)
+
+
+@pytest.fixture(scope="session")
+def make_slot_limited_registered_backend(
+    pytestconfig: pytest.Config, backend_name: str, backend_options: dict[str, Any]
+) -> Iterator[Callable[[int], Any] | None]:
+    """``limit -> backend`` setting the slot-limit option to ``limit``; ``None`` when no option was named."""
+    _, option = _extras(pytestconfig)
+    if not option:
+        yield None
+        return
+    make, built = _factory(backend_name, backend_options)
+    yield lambda limit: make(**{option: limit})
+    _close_all(built)

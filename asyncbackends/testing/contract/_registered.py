@@ -30,6 +30,20 @@ class TestRegisteredBackend(BackendContract):
         return make_registered_backend
 
     @pytest.fixture
+    def failing_backend(
+        self, make_failing_registered_backend: Callable[[], Any] | None
+    ) -> Callable[[], Any] | None:
+        """Backends built with the failing-backend options, if any were given."""
+        return make_failing_registered_backend
+
+    @pytest.fixture
+    def make_slot_limited_backend(
+        self, make_slot_limited_registered_backend: Callable[[int], Any] | None
+    ) -> Callable[[int], Any] | None:
+        """Backends with the slot-limit option set, if its name was given."""
+        return make_slot_limited_registered_backend
+
+    @pytest.fixture
     def secret(self, backend_secret: str | None) -> str | None:
         """The credential among the options, if any."""
         return backend_secret
