@@ -20,8 +20,10 @@ from typing import Any
 
 import aiohttp
 
+from .._clock import held_slot
 from ..errors import (
     AuthenticationError,
+    BackendClosedError,
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
@@ -212,7 +214,8 @@ class HTTPTransport:
         token: Sent as ``Authorization: Bearer ...`` when non-empty.
         headers: Extra headers sent with every request.
         timeout: Seconds allowed for one whole request (connect, send, read); ``None`` for no limit.
-        max_connections: Size of the connection pool (0 for unlimited).
+        max_connections: How many HTTP exchanges may run at once (0 for unlimited). Waiting for one is
+            waiting for a slot: `gather`'s per-attempt timeout does not count it.
     """
 
     def __init__(
@@ -245,6 +248,8 @@ class HTTPTransport:
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None  # the pool's bound, made on the loop that first sends
+        self._closed = False  # set when aclose() starts: from then on every request ends closed
 
     def __repr__(self) -> str:
         return f"HTTPTransport({self.base_url!r}, backend={self.backend!r})"
@@ -253,8 +258,10 @@ class HTTPTransport:
         headers = {"Accept": "application/json", **self._extra_headers}
         if self._auth_header:
             headers["Authorization"] = self._auth_header.get_secret_value()
-        # limit_per_host equals limit: every request goes to the one host, so the pool is the bound.
-        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
+        # The connector is unbounded: `max_connections` is enforced by our own semaphore, taken with
+        # `held_slot`, so that waiting for a connection is not timed by gather's per-attempt timeout
+        # (aiohttp's own pool wait happens inside the request and would be).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         # raise_for_status stays off: statuses are mapped by error_for_status with the body in hand.
         return aiohttp.ClientSession(
@@ -262,8 +269,28 @@ class HTTPTransport:
         )
 
     @property
+    def closed(self) -> bool:
+        """Whether `aclose` has started."""
+        return self._closed
+
+    def closed_error(self, request_id: str | None = None) -> BackendClosedError:
+        """The error of a request that meets a closed transport (not retryable: closing was the caller's)."""
+        return BackendClosedError(
+            f"backend {self.backend!r} was closed (aclose()) before this request finished",
+            backend=self.backend,
+            request_id=request_id,
+        )
+
+    @property
     def session(self) -> aiohttp.ClientSession:
-        """The session, created on first use on the running loop."""
+        """The session, created on first use on the running loop; never again once `aclose` started.
+
+        Raises:
+            BackendClosedError: `aclose` has started.
+            LoopError: Called from another loop than the session's.
+        """
+        if self._closed:
+            raise self.closed_error()
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed:
             self._session = self._new_session()
@@ -288,6 +315,8 @@ class HTTPTransport:
         """Send one request and read the whole response; never raises for a status.
 
         Raises:
+            BackendClosedError: `aclose` started before the response was read (whatever the connection did
+                meanwhile: the closed pool is the cause).
             BackendTimeoutError: The request took longer than the timeout.
             BackendUnavailableError: The connection failed or dropped.
             BackendError: Anything else aiohttp raised.
@@ -299,15 +328,37 @@ class HTTPTransport:
             kwargs["headers"] = _JSON_CONTENT
         if timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
-        try:
-            async with self.session.request(method, self.base_url + path, **kwargs) as resp:
-                body = await resp.read()
-                return HTTPResponse(resp.status, resp.headers, body)
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+        if self._closed:
+            raise self.closed_error(request_id)
+        session = self.session  # checks the loop before queueing on a loop-bound semaphore
+        async with held_slot(self._connection_slots()):
+            if self._closed:  # closed while this request waited for a connection
+                raise self.closed_error(request_id)
+            try:
+                async with session.request(method, self.base_url + path, **kwargs) as resp:
+                    body = await resp.read()
+                    response = HTTPResponse(resp.status, resp.headers, body)
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, RuntimeError) as exc:
+                if self._closed:  # the pool was closed under it: not a server failure to retry
+                    raise self.closed_error(request_id) from exc
+                if isinstance(exc, RuntimeError):
+                    raise
+                raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+        if self._closed:
+            raise self.closed_error(request_id)
+        return response
+
+    def _connection_slots(self) -> asyncio.Semaphore | None:
+        """One slot per connection of the pool; ``None`` when the pool is unbounded."""
+        if self.max_connections == 0:
+            return None
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_connections)
+        return self._slots
 
     async def aclose(self) -> None:
-        """Close the session and its pool (idempotent)."""
+        """Close the session and its pool (idempotent); requests still running end in `BackendClosedError`."""
+        self._closed = True
         session, self._session = self._session, None
         if session is None or session.closed:
             return
