@@ -72,8 +72,8 @@ class FakeTGIServer:
         model_sha: The ``model_sha`` ``/info`` reports (the revision served).
         info_latency: Seconds ``GET /info`` takes before it answers.
         check_schema: Validate every exchange against the OpenAPI spec (violations in `schema_violations`).
-        record: Keep every request body in `received` (path, body); `authorization` counts the
-            ``Authorization`` header values seen either way.
+        record: Keep every request body in `received` (path, body) and its headers in `headers_received`;
+            `authorization` counts the ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
@@ -121,6 +121,7 @@ class FakeTGIServer:
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
+        self.headers_received: list[dict[str, str]] = []
         self.authorization: Counter[str | None] = Counter()
         self.schema_violations: list[str] = []
         self.in_flight = 0
@@ -200,6 +201,7 @@ class FakeTGIServer:
         body = parse_body(request.headers.get("Content-Type", ""), raw, self.limits.payload_limit)
         if self.record:
             self.received.append((path, body))
+            self.headers_received.append(dict(request.headers))
         if self.check_schema:
             self.schema_violations.extend(f"request {path}: {e}" for e in openapi.request_errors(path, body))
         return body
