@@ -40,6 +40,7 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ._credentials import split_url_credentials
 from ._http import (
     HTTPResponse,
     HTTPTransport,
@@ -72,8 +73,9 @@ class OpenAIBackend(BaseBackend):
         server: ``"vllm"`` to use vLLM's extensions (tokenize, token ids, echo scoring), ``"generic"`` not to.
         max_model_len: The model's context length, where the server reported it.
         timeout: Seconds one HTTP request may take; ``None`` for no limit.
-        headers: Extra headers for every request.
-        max_connections: Size of the connection pool (0 for unlimited).
+        headers: Extra headers for every request (credential-like ones, ``X-API-Key``..., held masked).
+        max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
+            not timed by `gather`'s per-attempt timeout.
         max_concurrency: The concurrency `gather` uses when given none.
     """
 
@@ -94,13 +96,13 @@ class OpenAIBackend(BaseBackend):
     ) -> None:
         if not isinstance(base_url, str):
             raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
-        self.base_url = base_url.rstrip("/")
+        # Shown and fingerprinted without user:password@ (the transport sends those as a masked header).
+        self.base_url = split_url_credentials(base_url)[0].rstrip("/")
+        full = base_url.rstrip("/")
         # The transport is rooted at the server, not at /v1: vLLM's /tokenize and /health live there.
-        root, self._api = (
-            (self.base_url[:-3], "/v1") if self.base_url.endswith("/v1") else (self.base_url, "")
-        )
+        root, self._api = (full[:-3], "/v1") if full.endswith("/v1") else (full, "")
         self._http = HTTPTransport(
-            root or self.base_url,
+            root or full,
             backend=self.name,
             token=api_key,
             headers=headers,
@@ -136,8 +138,9 @@ class OpenAIBackend(BaseBackend):
             server: ``"auto"`` (vLLM when its model list says ``owned_by: "vllm"``), ``"vllm"`` or
                 ``"generic"`` (plain OpenAI fields only; no loglikelihood).
             timeout: Seconds one HTTP request may take; ``None`` for no limit.
-            headers: Extra headers for every request.
-            max_connections: Size of the connection pool (0 for unlimited).
+            headers: Extra headers for every request (credential-like ones, ``X-API-Key``..., held masked).
+            max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
+            not timed by `gather`'s per-attempt timeout.
             max_concurrency: The concurrency `gather` uses when given none.
 
         Raises:

@@ -35,14 +35,8 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ._http import (
-    HTTPResponse,
-    HTTPTransport,
-    json_body,
-    malformed_response,
-    poll_until_ok,
-    resolve_token,
-)
+from ._credentials import resolve_token
+from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
 from ._scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
@@ -84,13 +78,16 @@ class TGIBackend(BaseBackend):
     """Talks to one text-generation-inference server.
 
     Args:
-        url: The server root, for example ``http://localhost:8080`` (not ``.../v1``).
-        token: Bearer token; ``None`` uses the one huggingface_hub finds (``get_token()``), ``False`` none.
+        url: The server root, for example ``http://localhost:8080`` (not ``.../v1``). Credentials in it
+            (``https://user:key@host``) are sent as HTTP Basic auth and never shown.
+        token: Bearer token, always sent; ``None`` uses the one huggingface_hub finds (``HF_TOKEN``, the saved
+            login) but only for https URLs on Hugging Face hosts; ``False`` sends none.
         timeout: Seconds one HTTP request may take; ``None`` for no limit (``gather``'s ``timeout`` is
             the per-attempt limit you usually want).
-        headers: Extra headers for every request.
-        max_connections: Size of the connection pool; keep it at or above the concurrency you run with
-            (n > 1 and loglikelihood requests use several connections at once). 0 means unlimited.
+        headers: Extra headers for every request; those whose name suggests a credential (``X-API-Key``...)
+            are held masked, like the token.
+        max_connections: How many HTTP exchanges run at once (0: unlimited). Requests beyond it wait for a
+            connection, and that wait is not timed by `gather`'s per-attempt timeout.
         max_concurrency: The concurrency `gather` uses when given none.
         tokenizer: Optional local tokenizer (an object with ``encode(text) -> list[int]``, or a callable) to
             count tokens: loglikelihood continuations without ``POST /tokenize``, and prompt lengths checked
@@ -110,8 +107,7 @@ class TGIBackend(BaseBackend):
         max_concurrency: int | None = None,
         tokenizer: Any = None,
     ) -> None:
-        secret = resolve_token(token)
-        self.url = url.rstrip("/") if isinstance(url, str) else url
+        secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
             url,
             backend=self.name,
@@ -120,6 +116,7 @@ class TGIBackend(BaseBackend):
             timeout=timeout,
             max_connections=max_connections,
         )
+        self.url = self._http.base_url  # without any user:password@ (sent as a masked header instead)
         self._encode = _encoder(tokenizer)
         self._info: TGIInfo | None = None
         self._info_lock: asyncio.Lock | None = None

@@ -67,9 +67,13 @@ class FakeTGIServer:
         retry_after: A ``Retry-After`` header value for 429s (TGI sends none; proxies do).
         ready_after: Seconds after start during which ``GET /health`` answers 503.
         legacy_info: Report ``max_input_length`` in ``/info`` as TGI < 2.0 did, not ``max_input_tokens``.
+        model_id: The ``model_id`` ``/info`` reports (the fake model's own by default); change the
+            attribute to play a server redeployed with another model at the same URL.
+        model_sha: The ``model_sha`` ``/info`` reports (the revision served).
+        info_latency: Seconds ``GET /info`` takes before it answers.
         check_schema: Validate every exchange against the OpenAPI spec (violations in `schema_violations`).
-        record: Keep every request body in `received` (path, body); `authorization` counts the
-            ``Authorization`` header values seen either way.
+        record: Keep every request body in `received` (path, body) and its headers in `headers_received`;
+            `authorization` counts the ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
@@ -91,6 +95,9 @@ class FakeTGIServer:
         retry_after: str | None = None,
         ready_after: float = 0.0,
         legacy_info: bool = False,
+        model_id: str | None = None,
+        model_sha: str | None = None,
+        info_latency: float = 0.0,
         check_schema: bool = True,
         record: bool = True,
         seed: int = 0,
@@ -105,12 +112,16 @@ class FakeTGIServer:
         self.check_schema, self.record = check_schema, record
         self.host, self.port = host, port
         self.model = FakeModel()
+        self.model_id = model_id or self.model.model_id
+        self.model_sha = model_sha
+        self.info_latency = info_latency
         self.healthy = True
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
+        self.headers_received: list[dict[str, str]] = []
         self.authorization: Counter[str | None] = Counter()
         self.schema_violations: list[str] = []
         self.in_flight = 0
@@ -190,6 +201,7 @@ class FakeTGIServer:
         body = parse_body(request.headers.get("Content-Type", ""), raw, self.limits.payload_limit)
         if self.record:
             self.received.append((path, body))
+            self.headers_received.append(dict(request.headers))
         if self.check_schema:
             self.schema_violations.extend(f"request {path}: {e}" for e in openapi.request_errors(path, body))
         return body
@@ -350,7 +362,7 @@ class FakeTGIServer:
         async def run(body: Any, key: str) -> web.StreamResponse:
             started = time.monotonic()
             req, gen, _ = await self._one_generation(request, chat_to_generate(body), key)
-            response = chat_json(self.model.model_id, req, gen, logprobs=bool(body.get("logprobs")))
+            response = chat_json(self.model_id, req, gen, logprobs=bool(body.get("logprobs")))
             return self._reply("/v1/chat/completions", 200, response, timing_headers(req, gen, started))
 
         result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)
@@ -358,7 +370,9 @@ class FakeTGIServer:
 
     async def _info(self, request: web.Request) -> web.StreamResponse:
         self.paths["/info"] += 1
-        info = info_json(self.model.model_id, self.limits, legacy=self.legacy_info)
+        if self.info_latency:
+            await asyncio.sleep(self.info_latency)
+        info = info_json(self.model_id, self.limits, legacy=self.legacy_info, model_sha=self.model_sha)
         return self._reply("/info", 200, info)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
