@@ -56,11 +56,16 @@ from ._openai_wire import (
     parse_completions,
     parse_echo,
 )
+from ._sampling import refuse_unsupported
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, split_trailing_space
 
 __all__ = ["OpenAIBackend"]
 
 ServerKind = Literal["auto", "vllm", "generic"]
+_NOT_VLLM = dict.fromkeys(
+    ("repetition_penalty", "min_p", "min_tokens", "regex"),
+    "vLLM's extra request field; this server was not recognised as vLLM (pass server='vllm' if it is)",
+)
 
 
 class OpenAIBackend(BaseBackend):
@@ -234,6 +239,7 @@ class OpenAIBackend(BaseBackend):
         rid = request.request_id
         self._check_open(rid)
         params = request.params
+        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM)
         if params.max_tokens == 0:
             # OpenAI-compatible servers refuse max_tokens=0 without echo; the answer is known anyway.
             empty = tuple(

@@ -32,7 +32,7 @@ with warnings.catch_warnings():
     from vllm import TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.outputs import RequestOutput
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -57,6 +57,7 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._sampling import refuse_unsupported
 from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling, scored_result
 from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
 from ._vllm_engine import shutdown_engine, start_engine
@@ -138,6 +139,13 @@ class VLLMBackend(BaseBackend):
             logprobs=True,
             stop=True,
             max_concurrency=hint,
+            repetition_penalty=True,
+            presence_penalty=True,
+            frequency_penalty=True,
+            min_p=True,
+            min_tokens=True,
+            json_schema=True,
+            regex=True,
         )
 
     @classmethod
@@ -261,7 +269,13 @@ class VLLMBackend(BaseBackend):
     # -- generation --------------------------------------------------------------------------------------
 
     def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
+        # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
+        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams.
+        optional = params.optional_params()
+        schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
         try:
+            if schema is not None or regex is not None:
+                optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)
             return VLLMSamplingParams(
                 n=params.n,
                 temperature=params.temperature,
@@ -272,6 +286,7 @@ class VLLMBackend(BaseBackend):
                 seed=params.seed,
                 logprobs=0 if params.logprobs else None,
                 output_kind=RequestOutputKind.FINAL_ONLY,
+                **optional,
             )
         except (ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm refused the sampling parameters: {exc}") from exc
@@ -304,6 +319,7 @@ class VLLMBackend(BaseBackend):
         """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
         self._check_open(request.request_id)
         params = request.params
+        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
         prompt_ids = self._prompt_ids(request)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.

@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..adapters._minimal_match import NoMatchError
 from . import openapi
 from ._serve import serve
 from .fake_tgi_model import FakeModel, Generation
@@ -264,6 +265,12 @@ class FakeTGIServer:
         return _validate(body["inputs"], params, self.limits, self.model.num_tokens, stream=stream)
 
     def _run_model(self, req: ValidRequest, seed: int | None = None) -> Generation:
+        try:
+            return self._generate_text(req, seed)
+        except NoMatchError as exc:  # TGI fails such a grammar in the model server, after validation
+            raise WireError.json_error(424, f"Request failed during generation: {exc}", "generation") from exc
+
+    def _generate_text(self, req: ValidRequest, seed: int | None) -> Generation:
         return self.model.generate(
             req.inputs,
             max_new_tokens=req.max_new_tokens,
@@ -271,6 +278,7 @@ class FakeTGIServer:
             seed=req.seed if seed is None else seed,
             stop=req.stop,
             truncate=req.truncate,
+            grammar=req.grammar,
         )
 
     async def _one_generation(
