@@ -3,6 +3,7 @@
 ```
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
+asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
 asyncbackends cache stats|clear PATH
 asyncbackends contract NAME [--option key=value ...]
 ```
@@ -230,6 +231,8 @@ def _interrupted_message(kept: int, total: int, args: argparse.Namespace) -> str
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     requests = _read_requests(Path(args.input))
     options = parse_options(args.option)
+    if args.replicas:
+        options["replicas"] = args.replicas  # the pool backend's replicas file
     _check_required_options(args.backend, options)
     output = _open_output(args.output)
     with contextlib.ExitStack() as stack:
@@ -247,6 +250,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         if args.warm_up and requests:
             _warm_up(backend, requests[0])
         metrics = RunMetrics()
+        metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
         writer = RecordWriter(sink, requests)
         try:
             stream_outcomes(
@@ -338,6 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("input", help="JSONL file, one request per line")
     run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
     run.add_argument("--output", help="JSONL file for results (default: standard output)")
     run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
     run.add_argument("--timeout", type=float, help="seconds per attempt")

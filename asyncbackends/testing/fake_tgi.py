@@ -4,7 +4,7 @@ It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
 status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
 latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
-connections and hangs; counters record attempts per input and the peak of requests in flight; with
+connections and hangs; counters record attempts and answers per input and the peak of requests in flight; with
 ``check_schema`` every request and response is validated against the OpenAPI spec and any violation kept
 in `schema_violations`.
 
@@ -76,6 +76,8 @@ class FakeTGIServer:
         record: Keep every request body in `received` (path, body) and its headers in `headers_received`;
             `authorization` counts the ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
+        concurrency: Most generations served at once; the others queue for a slot, each taking
+            ``latency`` once served (a server-bound engine). ``None``: no limit.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
     """
@@ -102,6 +104,7 @@ class FakeTGIServer:
         check_schema: bool = True,
         record: bool = True,
         seed: int = 0,
+        concurrency: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -116,9 +119,12 @@ class FakeTGIServer:
         self.model_id = model_id or self.model.model_id
         self.model_sha = model_sha
         self.info_latency = info_latency
+        self.concurrency = concurrency
+        self._slots: asyncio.Semaphore | None = None
         self.healthy = True
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()  # inputs answered 200, by input
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
@@ -157,6 +163,7 @@ class FakeTGIServer:
     async def start(self) -> FakeTGIServer:
         """Start listening; `url` is valid afterwards."""
         self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         self._runner, self.port = await serve(self.app(), self.host, self.port)
         self._started = time.monotonic()
         return self
@@ -221,9 +228,12 @@ class FakeTGIServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                return await run(body, key)
+                response = await run(body, key)
             finally:
                 self.in_flight -= 1
+            if getattr(response, "status", None) == 200:
+                self.answered[key] += 1
+            return response
         except WireError as err:
             headers = {"Retry-After": self.retry_after} if err.status == 429 and self.retry_after else None
             return self._error(path, err, headers)
@@ -257,7 +267,10 @@ class FakeTGIServer:
         if failure == 503:
             raise WireError(503, "503 Service Unavailable (injected by a proxy)", text=True)
         delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
-        if delay:
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(delay)
+        elif delay:
             await asyncio.sleep(delay)
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
