@@ -25,9 +25,10 @@ from .errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from .gather import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, as_completed, gather, run_batch
+from .gather import as_completed, gather, run_batch
 from .loop import LoopManager, get_loop_manager
 from .metrics import RunMetrics
+from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from .protocol import AsyncBackend, BaseBackend, Secret
 from .registry import acreate_backend, available_backends, create_backend, register_backend
 from .types import (
@@ -40,6 +41,7 @@ from .types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .wrappers.pool import pool
 
 __version__ = "0.1.0.dev0"
 
@@ -71,6 +73,7 @@ __all__ = [
     "RetryPolicy",
     "RollingLoglikelihoodRequest",
     "RunMetrics",
+    "RunOptions",
     "SamplingParams",
     "Secret",
     "__version__",
@@ -80,6 +83,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "pool",
     "register_backend",
     "run_batch",
 ]

@@ -55,6 +55,7 @@ from .credentials import CredentialsContract
 from .generation import GenerationContract
 from .lifecycle import LifecycleContract
 from .runner import parse_option_value, run_contract
+from .sampling import SamplingContract
 from .scoring import LoglikelihoodContract
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "GenerationContract",
     "LifecycleContract",
     "LoglikelihoodContract",
+    "SamplingContract",
     "added_in",
     "contract_tests",
     "expect",
@@ -78,6 +80,7 @@ __all__ = [
 
 class BackendContract(
     GenerationContract,
+    SamplingContract,
     LoglikelihoodContract,
     LifecycleContract,
     ClosingContract,
