@@ -69,7 +69,9 @@ class ReverseEchoBackend(ab.BaseBackend):
             )
         return text  # type: ignore[return-value]
 
-    async def _complete(self, source: str, params: ab.SamplingParams, index: int) -> ab.Completion:
+    async def _complete(
+        self, source: str, params: ab.SamplingParams, index: int, request_id: str | None
+    ) -> ab.Completion:
         chars = list(source)
         if not params.greedy:
             seed = params.seed if params.seed is not None else random.getrandbits(64)
@@ -78,6 +80,7 @@ class ReverseEchoBackend(ab.BaseBackend):
         finish = "length"
         for char in itertools.islice(itertools.cycle(chars), params.max_tokens):
             await asyncio.sleep(self.token_delay)  # a cancellation lands here and propagates as itself
+            self._check_open(request_id)  # closed meanwhile: end in BackendClosedError, not a result
             out += char
             cuts = [out.find(stop) for stop in params.stop if stop in out]
             if cuts:
@@ -96,7 +99,10 @@ class ReverseEchoBackend(ab.BaseBackend):
                 request_id=request.request_id,
             )
         text = self._prompt_text(request)
-        completions = [await self._complete(text[::-1], request.params, i) for i in range(request.params.n)]
+        completions = [
+            await self._complete(text[::-1], request.params, i, request.request_id)
+            for i in range(request.params.n)
+        ]
         return ab.GenerationResult(
             request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model
         )
