@@ -148,6 +148,13 @@ class TestHeldSlot(_SlotLimited):
     target = "broken_adapters:HeldSlotBackend"
 
 
+class TestPinnedToVersion1(_Broken):
+    """Copies one sample n times, but pins the suite at version 1, before that contract was added."""
+
+    target = "broken_adapters:RepeatedSampleBackend"
+    contract_version = 1
+
+
 class TestOverrides(_Broken):
     """A correct backend, but the suite was tampered with."""
 

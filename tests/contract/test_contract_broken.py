@@ -147,3 +147,13 @@ def test_allowed_override_runs_as_expected_failure(outcomes: dict[tuple[str, str
     assert outcome == "skipped"  # JUnit files an xfail under skipped
     assert "demonstrates the allowed way to override" in message
     assert ("TestOverrides", "test_stop_respected") not in outcomes  # the deleted test did not run at all
+
+
+@pytest.mark.slow
+def test_pinned_contract_version_skips_newer_contracts(
+    outcomes: dict[tuple[str, str], tuple[str, str]],
+) -> None:
+    outcome, message = outcomes[("TestPinnedToVersion1", "test_n_samples_vary")]
+    assert outcome == "skipped"
+    assert "added in contract version 2; this class pins contract_version = 1" in message
+    assert outcomes[("TestPinnedToVersion1", "test_n_completions_exactly")][0] == "passed"

@@ -48,3 +48,12 @@ def test_cli_pytest_usage_error_is_no_verdict(tmp_path: Path) -> None:
     done = _contract(tmp_path, "mock", "--", "--no-such-pytest-flag")
     assert done.returncode == 4  # pytest's usage error
     assert "no contract test ran" in done.stdout
+
+
+def test_cli_reports_a_server_that_cannot_be_reached(tmp_path: Path) -> None:
+    done = _contract(
+        tmp_path, "tgi", "--option", "url=http://127.0.0.1:9", "--option", "token=false", "--", "-q"
+    )
+    assert done.returncode == 3, done.stdout[-3000:]
+    assert "cannot reach the server of backend 'tgi'" in done.stdout
+    assert "BROKEN" not in done.stdout

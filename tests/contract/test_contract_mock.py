@@ -22,7 +22,8 @@ class TestMockContract(BackendContract):
 
     @pytest.fixture
     def make_backend(self) -> Callable[[], ab.AsyncBackend]:
-        return lambda: ab.create_backend("mock")
+        # Latency keeps requests in flight long enough for the aclose() checks to catch them there.
+        return lambda: ab.create_backend("mock", latency=0.2)
 
     @pytest.fixture
     def failing_backend(self) -> Callable[[], ab.AsyncBackend]:
@@ -31,3 +32,13 @@ class TestMockContract(BackendContract):
     @pytest.fixture
     def decode(self) -> Callable[[Sequence[int]], str]:
         return lambda ids: "".join(map(chr, ids))
+
+    @pytest.mark.xfail(
+        reason="MockBackend (like BaseBackend) checks the closed state only when a request starts, so a "
+        "request in flight at aclose() still comes back as a result: issue 14 item 5 (closed is not closed)",
+        strict=False,
+    )
+    def test_aclose_ends_requests_in_flight(
+        self, make_backend: Callable[[], ab.AsyncBackend], prompts: Sequence[str]
+    ) -> None:
+        super().test_aclose_ends_requests_in_flight(make_backend, prompts)

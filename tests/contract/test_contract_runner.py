@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.testing.contract import parse_option_value
+from asyncbackends.testing.contract import (
+    CONTRACT_VERSION,
+    BackendContract,
+    added_in,
+    contract_tests,
+    parse_option_value,
+)
+from asyncbackends.testing.contract._base import version_of_test
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -75,7 +82,7 @@ def test_third_party_adapter_is_discovered_through_its_entry_point() -> None:
 def test_run_contract_passes_the_third_party_adapter_by_name(tmp_path: Path) -> None:
     proc = _run_contract("reverse-echo", {"api_key": "sk-third-party-77"}, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "asyncbackends contract 'reverse-echo': no contract broken (17 passed, 6 skipped)" in proc.stdout
+    assert "asyncbackends contract 'reverse-echo': no contract broken (23 passed, 14 skipped)" in proc.stdout
     assert "sk-third-party-77" not in proc.stdout + proc.stderr
 
 
@@ -138,3 +145,52 @@ def test_plugin_imports_no_engine(tmp_path: Path) -> None:
     proc = _python(code, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_contract_version_is_exposed_and_names_the_newest_tests() -> None:
+    import asyncbackends.testing.contract as contract
+
+    assert "CONTRACT_VERSION" in contract.__all__
+    versions = {name: version_of_test(BackendContract, name) for name in contract_tests(BackendContract)}
+    assert max(versions.values()) == CONTRACT_VERSION == 2
+    assert versions["test_n_samples_vary"] == 2
+    assert versions["test_greedy_deterministic"] == 1
+    assert added_in(3)(lambda: None).__contract_version__ == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_run_contract_lists_skips_with_what_to_give_and_runs_them_when_given(tmp_path: Path) -> None:
+    code = (
+        "from asyncbackends.testing.contract import run_contract\n"
+        "raise SystemExit(run_contract('broken_adapters:QueuedBackend', {'latency': 0.05}, ['-q'], "
+        "fresh_backends=False))\n"
+    )
+    plain = _python(code, tmp_path)
+    assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-2000:]
+    assert "  skipped test_timeout_excludes_waiting_for_a_slot: no make_slot_limited_backend fixture" in (
+        plain.stdout
+    )
+    assert "      to run it, give: --slot-limit-option NAME" in plain.stdout
+    assert "      to run it, give: --failing-option KEY=VALUE" in plain.stdout
+    assert "      to run it, give: drop --no-fresh-backends" in plain.stdout
+    code = (
+        "from asyncbackends.testing.contract import run_contract\n"
+        "raise SystemExit(run_contract('broken_adapters:QueuedBackend', {'latency': 0.05}, ['-q'], "
+        "fresh_backends=False, failing_options={'failure_rate': 1.0}, slot_limit_option='max_slots'))\n"
+    )
+    given = _python(code, tmp_path)
+    assert given.returncode == 1, given.stdout[-4000:] + given.stderr[-2000:]
+    assert "BROKEN test_timeout_excludes_waiting_for_a_slot: with the adapter's own limit of 2 slots" in (
+        given.stdout
+    )
+    assert "skipped test_transport_failures_are_library_errors" not in given.stdout  # it ran, and passed
+    assert "skipped test_timeout_excludes_waiting_for_a_slot" not in given.stdout
+
+
+@pytest.mark.slow
+def test_run_contract_reports_an_unreachable_server_once(tmp_path: Path) -> None:
+    proc = _run_contract("tgi", {"url": "http://127.0.0.1:9", "token": False}, tmp_path)
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "asyncbackends contract 'tgi': cannot reach the server of backend 'tgi'" in proc.stdout
+    assert "no contract was checked" in proc.stdout
+    assert "BROKEN" not in proc.stdout

@@ -6,7 +6,6 @@ The look-alike serves on the shared loop here (the suite's tests are sync), besi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import pytest
 
@@ -61,23 +60,3 @@ class TestTGIContract(BackendContract):
     @pytest.fixture
     def decode(self) -> Callable[[Sequence[int]], str]:
         return lambda ids: "".join(FakeModel.token_text(i) for i in ids)
-
-    # Genuine adapter defects the contract now catches (issue 14, items 4 and 5, fixed by the core helper's
-    # branch); not strict, so the fix landing turns these into passes without touching this file.
-    @pytest.mark.xfail(
-        reason="HTTP adapters: a request in flight at aclose() fails as a retryable BackendUnavailableError "
-        "(its aiohttp session is closed under it) instead of BackendClosedError: issue 14 item 5",
-        strict=False,
-    )
-    def test_aclose_ends_requests_in_flight(self, make_backend: Any, prompts: Sequence[str]) -> None:
-        super().test_aclose_ends_requests_in_flight(make_backend, prompts)
-
-    @pytest.mark.xfail(
-        reason="HTTP adapters: the wait for a pooled connection (max_connections) counts toward gather's "
-        "per-attempt timeout; the transport must take its slot with held_slot: issue 14 item 4",
-        strict=False,
-    )
-    def test_timeout_excludes_waiting_for_a_slot(
-        self, make_slot_limited_backend: Any, prompts: Sequence[str]
-    ) -> None:
-        super().test_timeout_excludes_waiting_for_a_slot(make_slot_limited_backend, prompts)
