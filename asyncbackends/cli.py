@@ -5,7 +5,7 @@ asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
 asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
 asyncbackends cache stats|clear PATH
-asyncbackends contract NAME [--option key=value ...] [--failing-option key=value ...] [--slot-limit-option NAME]
+asyncbackends contract NAME [--option k=v ...] [--failing-option k=v ...] [--slot-limit-option NAME]
 ```
 
 Input lines (one JSON object each; ``type`` defaults to ``"generate"``):
