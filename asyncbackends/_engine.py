@@ -19,6 +19,7 @@ from ._tasks import all_or_nothing
 from .cache import ResponseCache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
 from .metrics import RunMetrics
+from .observe import RequestObserver, RunObserver, current_request, run_observer
 from .protocol import AsyncBackend
 from .types import (
     GenerationRequest,
@@ -30,6 +31,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from .callbacks import RunCallbacks
     from .gather import RateLimit, RetryPolicy
 
 __all__ = ["Engine", "Outcome"]
@@ -100,6 +102,8 @@ class Engine:
         return_exceptions: bool = False,
         metrics: RunMetrics | None = None,
         owns_cache: bool = False,
+        callbacks: RunCallbacks | None = None,
+        parent_context: Any = None,
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
         self.concurrency, self.retry = concurrency, retry
@@ -125,11 +129,15 @@ class Engine:
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
         self.name = getattr(backend, "name", type(backend).__name__)
+        # None unless callbacks were given or an OpenTelemetry SDK is configured: one check per request.
+        self.observer: RunObserver | None = run_observer(backend, callbacks, parent_context=parent_context)
+        self.started = 0.0
 
     async def run(self) -> None:
         if self.metrics is not None:
             self.metrics.requests += len(self.requests)
             self.metrics.started = self.metrics.started or time.perf_counter()
+        self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
         slots = [AttemptClock() for _ in range(min(self.concurrency, len(self.requests)))]
         tasks = []
@@ -155,6 +163,8 @@ class Engine:
                 self.cache.close()
             if self.metrics is not None:
                 self.metrics.finished = time.perf_counter()
+            if self.observer is not None:
+                self.observer.run_ended()
 
     async def sweep(self, slots: list[AttemptClock]) -> None:
         """Cancel attempts past their deadline.
@@ -174,11 +184,14 @@ class Engine:
                     slot.task.cancel()
 
     async def work(self, slot: AttemptClock) -> None:
-        requests, sink, metrics = self.requests, self.sink, self.metrics
+        requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
         for index in self.indices:
             request = requests[index]
-            start = time.perf_counter() if metrics is not None else 0.0
-            outcome = await self.one(request, slot)
+            start = time.perf_counter() if metrics is not None or observer is not None else 0.0
+            if observer is None:
+                outcome = await self.one(request, slot, None)
+            else:
+                outcome = await self.watched(observer, index, request, slot, start - self.started)
             if isinstance(outcome, AsyncBackendsError):
                 if not self.return_exceptions:
                     if self.first_error is None:
@@ -201,6 +214,35 @@ class Engine:
                 self.bar.update(1)
                 if isinstance(outcome, AsyncBackendsError):
                     self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
+
+    async def watched(
+        self, observer: RunObserver, index: int, request: Request, slot: AttemptClock, slot_wait: float
+    ) -> Outcome:
+        """`one` with the run's observer told of the request's start and end."""
+        watched = observer.request_started(index, request, slot_wait)
+        token = current_request.set(watched)  # read by observe.note_replica inside the attempt
+        try:
+            outcome = await self.one(request, slot, watched)
+        except BaseException:
+            watched.cancelled()
+            raise
+        finally:
+            current_request.reset(token)
+        watched.done(outcome)
+        return outcome
+
+    async def observed_attempt(
+        self, watched: RequestObserver, method: Any, request: Request, slot: AttemptClock, attempt: int
+    ) -> Result:
+        """`attempt` with the observer told of its start and end."""
+        watched.attempt_started(attempt)
+        try:
+            result = await self.attempt(method, request, slot, attempt)
+        except BaseException as exc:
+            watched.attempt_ended(attempt, exc)
+            raise
+        watched.attempt_ended(attempt, None)
+        return result
 
     async def attempt(self, method: Any, request: Request, slot: AttemptClock, attempt: int) -> Result:
         """One call to the adapter, bounded by the per-attempt timeout.
@@ -229,7 +271,7 @@ class Engine:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return result
 
-    async def one(self, request: Request, slot: AttemptClock) -> Outcome:
+    async def one(self, request: Request, slot: AttemptClock, watched: RequestObserver | None) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
         method_name = _METHODS.get(type(request))
         method = getattr(self.backend, method_name, None) if method_name else None
@@ -244,16 +286,26 @@ class Engine:
             if cached is not None:
                 if self.metrics is not None:
                     self.metrics.cache_hits += 1
+                if watched is not None:
+                    watched.cache_hit()
                 return cached
         attempt = 1
         while True:
-            if self.rps is not None:
-                await self.rps.take(1)
-            if self.tpm is not None:
-                await self.tpm.take(estimated_tokens(request))
+            if self.rps is not None or self.tpm is not None:
+                waiting = time.perf_counter() if watched is not None else 0.0
+                if self.rps is not None:
+                    await self.rps.take(1)
+                if self.tpm is not None:
+                    await self.tpm.take(estimated_tokens(request))
+                if watched is not None:
+                    watched.rate_waited(time.perf_counter() - waiting)
             error: BackendError
             try:
-                result: Result = await self.attempt(method, request, slot, attempt)
+                result: Result = await (
+                    self.attempt(method, request, slot, attempt)
+                    if watched is None
+                    else self.observed_attempt(watched, method, request, slot, attempt)
+                )
             except InvalidRequestError as exc:
                 return exc
             except BackendError as exc:
@@ -279,5 +331,8 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.retries += 1
                 self.metrics.retried_errors[type(error).__name__] += 1
-            await asyncio.sleep(self.retry.delay(attempt, error, self.rng))
+            delay = self.retry.delay(attempt, error, self.rng)
+            if watched is not None:
+                watched.retrying(attempt, error, delay)
+            await asyncio.sleep(delay)
             attempt += 1

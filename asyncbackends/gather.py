@@ -17,10 +17,12 @@ from typing import Any, Literal, overload
 
 from ._engine import Engine, Outcome
 from .cache import ResponseCache, open_cache
+from .callbacks import RunCallbacks
 from .errors import AsyncBackendsError, InvalidRequestError, RateLimitedError
 from .loop import get_loop_manager
 from .metrics import RunMetrics
 from .protocol import AsyncBackend
+from .telemetry import capture_context
 from .types import Request, Result
 
 __all__ = ["DEFAULT_CONCURRENCY", "RateLimit", "RetryPolicy", "as_completed", "gather", "run_batch"]
@@ -110,6 +112,9 @@ def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
 def _engine_options(backend: AsyncBackend, **options: Any) -> dict[str, Any]:
     # Checked before a cache file is opened, so a refused run leaves no file and no open connection.
     _check_options(*(options.get(k) for k in ("concurrency", "retry", "timeout", "rate_limit")))
+    callbacks = options.get("callbacks")
+    if callbacks is not None and not isinstance(callbacks, RunCallbacks):
+        raise InvalidRequestError(f"callbacks must be a RunCallbacks or None, got {type(callbacks).__name__}")
     hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
     options["concurrency"] = options.get("concurrency") or hint or DEFAULT_CONCURRENCY
     options["retry"] = options.get("retry") or RetryPolicy()
@@ -143,6 +148,7 @@ async def gather(
     cache: Any = ...,
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result]: ...
 @overload
 async def gather(
@@ -157,6 +163,7 @@ async def gather(
     cache: Any = ...,
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result | AsyncBackendsError]: ...
 async def gather(
     backend: AsyncBackend,
@@ -170,6 +177,7 @@ async def gather(
     cache: Any = None,
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
+    callbacks: RunCallbacks | None = None,
 ) -> list[Any]:
     """Send every request to ``backend`` and return one outcome per request, in input order.
 
@@ -191,6 +199,7 @@ async def gather(
             written as they arrive, so a killed run resumes where it stopped.
         return_exceptions: Return a failed request's error in its place instead of raising.
         metrics: A `RunMetrics` to fill in as the run goes.
+        callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
 
     Returns:
         One `GenerationResult` / `LoglikelihoodResult` per request, or its error with ``return_exceptions``.
@@ -208,6 +217,8 @@ async def gather(
         cache=cache,
         return_exceptions=return_exceptions,
         metrics=metrics,
+        callbacks=callbacks,
+        parent_context=capture_context(),
     )
     return await get_loop_manager().arun(_gather_here(backend, sequence, **options))
 
@@ -222,6 +233,7 @@ def run_batch(backend: AsyncBackend, requests: Iterable[Request], **options: Any
         LoopError: Called from the shared loop's own thread.
     """
     sequence = _as_sequence(requests)
+    options.setdefault("parent_context", capture_context())
     return get_loop_manager().run(_gather_here(backend, sequence, **options))
 
 
@@ -248,6 +260,7 @@ async def as_completed(
         else:
             here.call_soon_threadsafe(queue.put_nowait, (index, outcome))
 
+    options.setdefault("parent_context", capture_context())
     engine = Engine(backend, sequence, sink=put, **_engine_options(backend, **options))
     task = asyncio.ensure_future(manager.arun(engine.run()))
     try:
