@@ -3,6 +3,8 @@
 ```
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
+                  [--metrics-file RUN.jsonl] [--metrics-port PORT]
+asyncbackends report RUN.jsonl [--output REPORT.html]
 asyncbackends cache stats|clear PATH
 asyncbackends contract NAME [--option key=value ...]
 ```
@@ -24,14 +26,16 @@ bad input or options.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from .cache import ResponseCache
+from .callbacks import RunCallbacks
 from .errors import AsyncBackendsError, BackendError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
@@ -172,17 +176,19 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     backend = create_backend(args.backend, **options)
     metrics = RunMetrics()
     try:
-        outcomes = run_batch(
-            backend,
-            requests,
-            concurrency=args.concurrency,
-            timeout=args.timeout,
-            retry=RetryPolicy(max_attempts=args.max_attempts),
-            progress=not args.no_progress and args.backend,
-            cache=args.cache,
-            return_exceptions=True,
-            metrics=metrics,
-        )
+        with _observed(args, backend, len(requests), metrics) as callbacks:
+            outcomes = run_batch(
+                backend,
+                requests,
+                concurrency=args.concurrency,
+                timeout=args.timeout,
+                retry=RetryPolicy(max_attempts=args.max_attempts),
+                progress=not args.no_progress and args.backend,
+                cache=args.cache,
+                return_exceptions=True,
+                metrics=metrics,
+                callbacks=callbacks,
+            )
     finally:
         get_loop_manager().run(backend.aclose())
     sink = open(args.output, "w", encoding="utf-8") if args.output else out  # noqa: SIM115
@@ -194,6 +200,59 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             sink.close()
     sys.stderr.write(metrics.format() + "\n")
     return 1 if metrics.failed else 0
+
+
+@contextlib.contextmanager
+def _observed(
+    args: argparse.Namespace, backend: Any, requests: int, metrics: RunMetrics
+) -> Iterator[RunCallbacks | None]:
+    """The run's ``--metrics-port`` server and ``--metrics-file`` log, open while the run goes."""
+    from .prometheus import MetricsServer
+    from .runlog import RunLog
+
+    with contextlib.ExitStack() as stack:
+        if args.metrics_port is not None:
+            server = MetricsServer(args.metrics_port, args.metrics_host)
+            stack.callback(server.close)
+            sys.stderr.write(f"serving Prometheus metrics on {server.url}\n")
+        run_log = None
+        if args.metrics_file:
+            run_log = RunLog(args.metrics_file, backend, requests)
+            stack.callback(lambda: run_log.close(metrics.summary()))
+        yield None if run_log is None else run_log.callbacks
+
+
+def _add_observability_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--metrics-file", metavar="RUN.jsonl", help="write the run's events, for `asyncbackends report`"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve metrics to Prometheus while the run goes (0: any)",
+    )
+    run.add_argument(
+        "--metrics-host", default="127.0.0.1", help="address for --metrics-port (default loopback)"
+    )
+
+
+def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from .report import write_report
+
+    source = Path(args.run)
+    if not source.exists():
+        raise InvalidRequestError(f"no metrics file at {source}")
+    target = Path(args.output) if args.output else source.with_suffix(".html")
+    write_report(source, target)
+    out.write(f"report: {target}\n")
+    return 0
+
+
+def _add_report_command(sub: Any) -> None:
+    report = sub.add_parser("report", help="an HTML report of a run from its --metrics-file")
+    report.add_argument("run", help="the JSONL file `run --metrics-file` wrote")
+    report.add_argument("--output", help="HTML file to write (default: RUN with .html)")
 
 
 def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
@@ -232,6 +291,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_observability_options(run)
 
     cache = sub.add_parser("cache", help="inspect or clear a response cache")
     cache.add_argument("action", choices=["stats", "clear"])
@@ -241,6 +301,7 @@ def _parser() -> argparse.ArgumentParser:
     contract.add_argument("name", help="adapter name")
     contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
     contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
+    _add_report_command(sub)
     return parser
 
 
@@ -254,7 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if passed_on and args.command != "contract":
         _parser().error(f"arguments after -- are only for `contract`: {' '.join(passed_on)}")
     args.pytest_args = passed_on
-    commands = {"list": _cmd_list, "run": _cmd_run, "cache": _cmd_cache, "contract": _cmd_contract}
+    commands = {
+        "list": _cmd_list,
+        "run": _cmd_run,
+        "cache": _cmd_cache,
+        "contract": _cmd_contract,
+        "report": _cmd_report,
+    }
     try:
         return commands[args.command](args, sys.stdout)
     except (InvalidRequestError, LookupError) as exc:
