@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip(
     "opentelemetry.exporter.prometheus", reason="extra otel not installed (Prometheus exporter)"
 )
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-import asyncbackends as ab  # noqa: E402
-from asyncbackends import cli  # noqa: E402
+import asyncbackends as ab
+from asyncbackends import cli
 
-from . import gated  # noqa: E402
-from .conftest import reset_globals  # noqa: E402
+from . import gated
+from .conftest import reset_globals
 
 FAST = 4
 HELD = 3
@@ -117,7 +117,7 @@ def test_a_real_prometheus_server_scrapes_the_run(
             f"--config.file={config}",
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{web}",
-        ],  # fmt: skip
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
