@@ -26,9 +26,10 @@ from .errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from .gather import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, as_completed, gather, run_batch
+from .gather import as_completed, gather, run_batch
 from .loop import LoopManager, get_loop_manager
 from .metrics import RunMetrics
+from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from .protocol import AsyncBackend, BaseBackend, Secret
 from .registry import acreate_backend, available_backends, create_backend, register_backend
 from .types import (
@@ -75,6 +76,7 @@ __all__ = [
     "RollingLoglikelihoodRequest",
     "RunCallbacks",
     "RunMetrics",
+    "RunOptions",
     "SamplingParams",
     "Secret",
     "TokenUsage",

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
-__all__ = ["AttemptClock", "held_slot"]
+__all__ = ["AttemptClock", "held_slot", "waiting_for_slot"]
 
 _current: ContextVar[AttemptClock | None] = ContextVar("asyncbackends_attempt_clock", default=None)
 
@@ -58,6 +58,34 @@ class AttemptClock:
             self._remaining = None
 
 
+def _timed_clock() -> AttemptClock | None:
+    """The clock of the timed attempt running in this task, or ``None`` outside one."""
+    clock = _current.get()
+    if clock is None or (clock.deadline == math.inf and clock._remaining is None):
+        return None
+    return clock
+
+
+@asynccontextmanager
+async def waiting_for_slot() -> AsyncIterator[None]:
+    """Mark the body as a wait for a slot (a seat, a rate-limit token): not timed by `gather`.
+
+    While every part of the attempt that asked for a slot is still waiting and none holds one, the
+    attempt's clock stands still. Outside a timed attempt this does nothing.
+    """
+    clock = _timed_clock()
+    if clock is None:
+        yield
+        return
+    clock.waiting += 1
+    clock._update()
+    try:
+        yield
+    finally:
+        clock.waiting -= 1
+        clock._update()
+
+
 @asynccontextmanager
 async def held_slot(semaphore: asyncio.Semaphore | None) -> AsyncIterator[None]:
     """Hold one of ``semaphore``'s slots for the body; the wait for it is not timed by `gather`.
@@ -68,20 +96,13 @@ async def held_slot(semaphore: asyncio.Semaphore | None) -> AsyncIterator[None]:
     if semaphore is None:
         yield
         return
-    clock = _current.get()
-    if clock is None or clock.deadline == math.inf and clock._remaining is None:
+    clock = _timed_clock()
+    if clock is None:
         async with semaphore:
             yield
         return
-    clock.waiting += 1
-    clock._update()
-    try:
+    async with waiting_for_slot():
         await semaphore.acquire()
-    except BaseException:
-        clock.waiting -= 1
-        clock._update()
-        raise
-    clock.waiting -= 1
     try:
         clock.held += 1
         clock._update()

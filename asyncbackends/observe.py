@@ -36,6 +36,7 @@ __all__ = [
     "note_replica",
     "replica_state",
     "run_observer",
+    "watch",
 ]
 
 Outcome = Result | AsyncBackendsError
@@ -167,6 +168,17 @@ def run_observer(backend: Any, callbacks: Any = None, *, parent_context: Any = N
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Fanout(parts)
+
+
+def watch(backend: Any, options: Any) -> RunObserver | None:
+    """The observer for a run of ``backend`` with `RunOptions` ``options``, made in the caller's thread.
+
+    The gathering entry points call this before handing the run to the shared loop, so the caller's active
+    OpenTelemetry span (current in the caller's thread or task, not on the loop's thread) is the parent.
+    """
+    from .telemetry import capture_context
+
+    return run_observer(backend, options.callbacks, parent_context=capture_context())
 
 
 def note_replica(name: str) -> None:

@@ -3,7 +3,7 @@
 A fixed pool of worker tasks pulls the next request index from one shared iterator, so memory stays flat
 whatever the number of requests (no task per request up front) and time spent waiting for a slot never
 counts toward a timeout. Each request goes through the cache, the rate limits, timed attempts and retries
-here; `asyncbackends.gather` checks the options and resolves their defaults before a run starts.
+here, as one `RunOptions` (already checked when it was built) says.
 """
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._clock import AttemptClock
+from ._limits import TokenBucket, estimated_tokens
 from ._tasks import all_or_nothing
-from .cache import ResponseCache
+from .cache import ResponseCache, open_cache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
-from .metrics import RunMetrics
-from .observe import RequestObserver, RunObserver, current_request, run_observer
+from .observe import RequestObserver, RunObserver, current_request
+from .options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
 from .protocol import AsyncBackend
 from .types import (
     GenerationRequest,
@@ -30,11 +31,7 @@ from .types import (
     RollingLoglikelihoodRequest,
 )
 
-if TYPE_CHECKING:
-    from .callbacks import RunCallbacks
-    from .gather import RateLimit, RetryPolicy
-
-__all__ = ["Engine", "Outcome"]
+__all__ = ["Outcome", "Run"]
 
 _METHODS: dict[type, str] = {
     GenerationRequest: "generate",
@@ -43,75 +40,41 @@ _METHODS: dict[type, str] = {
 }
 
 
-class TokenBucket:
-    """A token bucket; callers queue on a lock so waiting workers are served in order."""
-
-    def __init__(self, rate_per_s: float, capacity: float) -> None:
-        self.rate, self.capacity = rate_per_s, capacity
-        self.tokens = capacity
-        self.stamp = time.monotonic()
-        self.lock = asyncio.Lock()
-
-    async def take(self, amount: float) -> None:
-        amount = min(amount, self.capacity)
-        async with self.lock:
-            while True:
-                now = time.monotonic()
-                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.tokens >= amount:
-                    self.tokens -= amount
-                    return
-                await asyncio.sleep((amount - self.tokens) / self.rate)
-
-
-def estimated_tokens(request: Request) -> float:
-    if isinstance(request, GenerationRequest):
-        prompt = request.prompt
-        size: float
-        if isinstance(prompt, str):
-            size = len(prompt) / 4
-        elif request.prompt_kind == "tokens":
-            size = len(prompt)
-        else:
-            size = sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, Mapping)) / 4
-        return size + request.params.max_tokens * request.params.n
-    if isinstance(request, LoglikelihoodRequest):
-        return (len(request.context) + len(request.continuation)) / 4 + 1
-    return len(request.text) / 4 + 1
-
-
 Outcome = Result | AsyncBackendsError
 
 
-class Engine:
-    """One run: shared state of the worker pool."""
+class Run:
+    """One run: the shared state of its worker pool.
+
+    Args:
+        backend: Where the requests go.
+        requests: The requests, in order.
+        options: How to send them.
+        sink: Called with ``(index, outcome)`` as each request ends.
+        observer: Told what happens to each request (`asyncbackends.observe`); ``None`` when nothing
+            watches, so the hot path pays one check per request.
+    """
 
     def __init__(
         self,
         backend: AsyncBackend,
         requests: Sequence[Request],
-        *,
+        options: RunOptions,
         sink: Callable[[int, Outcome], None],
-        concurrency: int,
-        retry: RetryPolicy,
-        timeout: float | None = None,
-        rate_limit: RateLimit | None = None,
-        progress: bool | str = False,
-        cache: ResponseCache | None = None,
-        return_exceptions: bool = False,
-        metrics: RunMetrics | None = None,
-        owns_cache: bool = False,
-        callbacks: RunCallbacks | None = None,
-        parent_context: Any = None,
+        observer: RunObserver | None = None,
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
-        self.concurrency, self.retry = concurrency, retry
-        self.timeout = timeout
-        self.cache, self.owns_cache = cache, owns_cache
-        self.return_exceptions = return_exceptions
-        self.metrics = metrics
+        hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
+        self.concurrency: int = options.concurrency or hint or DEFAULT_CONCURRENCY
+        self.retry = options.retry or RetryPolicy()
+        self.timeout = options.timeout
+        self.cache_option = options.cache
+        self.cache: ResponseCache | None = None
+        self.return_exceptions = options.return_exceptions
+        self.metrics = options.metrics
+        self.progress = options.progress
         self.rps = self.tpm = None
+        rate_limit = options.rate_limit
         if rate_limit is not None:
             if rate_limit.requests_per_second:
                 rps = rate_limit.requests_per_second
@@ -120,20 +83,34 @@ class Engine:
                 tpm = rate_limit.tokens_per_minute
                 self.tpm = TokenBucket(tpm / 60, tpm)
         self.bar: Any = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            desc = progress if isinstance(progress, str) else getattr(backend, "name", "requests")
-            self.bar = tqdm(total=len(requests), desc=desc, unit="req", dynamic_ncols=True)
         self.indices = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
         self.name = getattr(backend, "name", type(backend).__name__)
-        # None unless callbacks were given or an OpenTelemetry SDK is configured: one check per request.
-        self.observer: RunObserver | None = run_observer(backend, callbacks, parent_context=parent_context)
+        self.observer = observer
         self.started = 0.0
 
     async def run(self) -> None:
+        """Send every request; return when all ended, or raise the first error (the rest cancelled)."""
+        # Opened here, inside the run, so that nothing is opened for a run refused before it starts, and
+        # whatever is opened is closed in the `finally` below.
+        owns_cache = self.cache_option is not None and not isinstance(self.cache_option, ResponseCache)
+        if self.cache_option is not None:
+            self.cache = open_cache(self.cache_option)
+        try:
+            if self.progress:
+                from tqdm.auto import tqdm
+
+                desc = self.progress if isinstance(self.progress, str) else self.name
+                self.bar = tqdm(total=len(self.requests), desc=desc, unit="req", dynamic_ncols=True)
+            await self._run_workers()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            if owns_cache and self.cache is not None:
+                self.cache.close()
+
+    async def _run_workers(self) -> None:
         if self.metrics is not None:
             self.metrics.requests += len(self.requests)
             self.metrics.started = self.metrics.started or time.perf_counter()
@@ -157,10 +134,6 @@ class Engine:
         finally:
             if sweeper is not None:
                 sweeper.cancel()
-            if self.bar is not None:
-                self.bar.close()
-            if self.owns_cache and self.cache is not None:
-                self.cache.close()
             if self.metrics is not None:
                 self.metrics.finished = time.perf_counter()
             if self.observer is not None:

@@ -1,0 +1,63 @@
+"""Token buckets for client-side rate limits, and the token estimate a request is charged.
+
+Used by one run's `RateLimit` (`asyncbackends._run`) and by `ab.limited`, whose buckets every run shares.
+A bucket holds an `asyncio.Lock`, so it is created on the loop that uses it (the shared loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+from .types import GenerationRequest, LoglikelihoodRequest, Request
+
+__all__ = ["TokenBucket", "estimated_tokens"]
+
+
+class TokenBucket:
+    """A token bucket; callers queue on a lock so waiting callers are served in order.
+
+    Args:
+        rate_per_s: Tokens added per second.
+        capacity: Most tokens held (the largest burst); the bucket starts full.
+    """
+
+    def __init__(self, rate_per_s: float, capacity: float) -> None:
+        self.rate, self.capacity = rate_per_s, capacity
+        self.tokens = capacity
+        self.stamp = time.monotonic()
+        self.lock = asyncio.Lock()
+
+    async def take(self, amount: float) -> None:
+        """Wait until ``amount`` tokens (at most the capacity) are in the bucket, and take them."""
+        amount = min(amount, self.capacity)
+        async with self.lock:
+            while True:
+                now = time.monotonic()
+                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+                self.stamp = now
+                if self.tokens >= amount:
+                    self.tokens -= amount
+                    return
+                await asyncio.sleep((amount - self.tokens) / self.rate)
+
+
+def estimated_tokens(request: Request) -> float:
+    """Tokens charged to ``request`` before it is sent: its prompt's size plus ``max_tokens * n``.
+
+    Token ids count one each; text counts four characters a token.
+    """
+    if isinstance(request, GenerationRequest):
+        prompt = request.prompt
+        size: float
+        if isinstance(prompt, str):
+            size = len(prompt) / 4
+        elif request.prompt_kind == "tokens":
+            size = len(prompt)
+        else:
+            size = sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, Mapping)) / 4
+        return size + request.params.max_tokens * request.params.n
+    if isinstance(request, LoglikelihoodRequest):
+        return (len(request.context) + len(request.continuation)) / 4 + 1
+    return len(request.text) / 4 + 1

@@ -1,0 +1,181 @@
+"""The vllm adapter against vLLM's offline ``LLM.generate`` in ONE process, rounds alternating (GPU).
+
+Fresh processes one after another (``gpu_throughput.py``) leave machine drift between the two paths: on a
+shared H200, offline rounds of one process spread by up to 24%, more than the effect measured. Here one
+process holds both engines on the same GPU, each with part of its memory, and runs rounds in the order
+offline, adapter, adapter, offline, ... (ABBA), each round on prompts neither engine has seen (no prefix
+cache hits), so drift falls on both paths alike. The figure is the paired ratio adapter/offline per round:
+its geometric mean, a 90% confidence interval (Student's t on the log ratios), and each path's spread.
+
+The offline engine is built as an independent measurement was (``max_num_seqs=1024,
+max_num_batched_tokens=16384``); the adapter gets only what a user must give (model, load_format,
+max_model_len, enforce_eager) plus ``gpu_memory_utilization`` (two engines share the GPU); both engines'
+scheduler settings are read back from the running engines and reported. ``run_batch`` runs with its
+defaults. Run on the GPU machine:
+
+    python benchmarks/gpu_alternating.py --model-dir /tmp/synth-1b --mode eager --prompts tokens --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+for _name, _value in {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+from gpu_workload import build_model, generation_prompts, log  # noqa: E402
+
+# Student's t quantiles for a two-sided 90% interval (0.95 one-sided), by degrees of freedom.
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
+        10: 1.812, 11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740,
+        18: 1.734, 19: 1.729, 20: 1.725}  # fmt: skip
+
+
+def ratio_interval(ratios: list[float]) -> dict[str, float]:
+    """Geometric mean of paired ratios and its two-sided 90% interval (t on the logs)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"geomean": math.exp(mean), "low90": float("nan"), "high90": float("nan")}
+    half = _T95.get(len(logs) - 1, 1.645) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {"geomean": math.exp(mean), "low90": math.exp(mean - half), "high90": math.exp(mean + half)}
+
+
+def spread(rates: list[float]) -> float:
+    """Coefficient of variation of a path's per-round rates."""
+    return statistics.stdev(rates) / statistics.fmean(rates) if len(rates) > 1 else 0.0
+
+
+def scheduler_of(engine: Any) -> dict[str, Any]:
+    """The scheduler settings a running engine ended up with (LLM or AsyncLLM)."""
+    config = getattr(engine, "vllm_config", None)
+    if config is None:
+        config = engine.llm_engine.vllm_config
+    sched = config.scheduler_config
+    return {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--mode", choices=["eager", "compiled"], default="eager")
+    parser.add_argument("--prompt-kind", choices=["tokens", "text"], default="tokens")
+    parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds per path (even)")
+    parser.add_argument("--count", type=int, default=4096)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=32)
+    parser.add_argument("--gpu-share", type=float, default=0.42, help="gpu_memory_utilization of each engine")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    build_model(args.model_dir)
+
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    import asyncbackends as ab
+
+    eager = args.mode == "eager"
+    common = {"load_format": "dummy", "max_model_len": args.max_model_len, "enforce_eager": eager}
+    model = str(args.model_dir)
+    began = time.perf_counter()
+    llm = LLM(
+        model=model,
+        gpu_memory_utilization=args.gpu_share,
+        max_num_seqs=1024,
+        max_num_batched_tokens=16384,
+        **common,
+    )
+    log(f"offline engine ready in {time.perf_counter() - began:.1f}s")
+    began = time.perf_counter()
+    backend = ab.create_backend("vllm", model=model, gpu_memory_utilization=args.gpu_share, **common)
+    log(f"adapter engine ready in {time.perf_counter() - began:.1f}s")
+    tokenizer = llm.get_tokenizer()
+    vocab = len(tokenizer)
+    rounds = args.rounds + (args.rounds % 2)
+    # One fresh prompt set per round, used once by each path: neither engine sees a prompt twice.
+    sets = [generation_prompts(args.count, vocab, seed=100 + i) for i in range(rounds)]
+    warm = generation_prompts(args.warmup, vocab, seed=99)
+
+    def as_text(batch: list[list[int]]) -> list[str]:
+        return [tokenizer.decode(p, skip_special_tokens=True) for p in batch]
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    params = ab.SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+
+    def offline(batch: list[list[int]]) -> tuple[float, list[list[int]]]:
+        prompts: Any = (
+            as_text(batch)
+            if args.prompt_kind == "text"
+            else [TokensPrompt(prompt_token_ids=p) for p in batch]
+        )
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, greedy, use_tqdm=False)
+        took = time.perf_counter() - start
+        return took, [list(o.outputs[0].token_ids) for o in outputs]
+
+    def adapter(batch: list[list[int]]) -> tuple[float, list[list[int]]]:
+        prompts: list[Any] = as_text(batch) if args.prompt_kind == "text" else [tuple(p) for p in batch]
+        requests = [ab.GenerationRequest(p, params) for p in prompts]
+        start = time.perf_counter()
+        results = ab.run_batch(backend, requests)
+        took = time.perf_counter() - start
+        return took, [list(r.completions[0].token_ids) for r in results]
+
+    paths = {"offline": offline, "adapter": adapter}
+    for run in paths.values():
+        run(warm)
+    engine = backend._engine  # type: ignore[attr-defined]  # read back, not used to run
+    report: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "scheduler": {"offline": scheduler_of(llm), "adapter": scheduler_of(engine)},
+        "rounds": [],
+    }
+    log("scheduler settings", report["scheduler"])
+    for index in range(rounds):
+        order = ["offline", "adapter"] if index % 2 == 0 else ["adapter", "offline"]
+        row: dict[str, Any] = {"round": index, "order": order}
+        outputs = {}
+        for name in order:
+            gc.collect()
+            took, tokens = paths[name](sets[index])
+            row[name] = {"seconds": took, "req_s": len(tokens) / took, "tok_s": sum(map(len, tokens)) / took}
+            outputs[name] = tokens
+        row["ratio"] = row["adapter"]["req_s"] / row["offline"]["req_s"]
+        row["identical"] = sum(a == b for a, b in zip(outputs["offline"], outputs["adapter"], strict=True))
+        report["rounds"].append(row)
+        rates = f"offline {row['offline']['req_s']:.1f} req/s, adapter {row['adapter']['req_s']:.1f} req/s"
+        log(f"round {index} {order}: {rates}, ratio {row['ratio']:.3f}, identical {row['identical']}")
+        (args.out / f"alternating{args.tag}.json").write_text(json.dumps(report, indent=1))
+    ratios = [r["ratio"] for r in report["rounds"]]
+    report["summary"] = {
+        **ratio_interval(ratios),
+        "ratios": ratios,
+        "offline_req_s": [r["offline"]["req_s"] for r in report["rounds"]],
+        "adapter_req_s": [r["adapter"]["req_s"] for r in report["rounds"]],
+        "offline_cv": spread([r["offline"]["req_s"] for r in report["rounds"]]),
+        "adapter_cv": spread([r["adapter"]["req_s"] for r in report["rounds"]]),
+    }
+    log("summary", json.dumps(report["summary"]))
+    (args.out / f"alternating{args.tag}.json").write_text(json.dumps(report, indent=1))
+    backend.close()  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    main()

@@ -1,0 +1,119 @@
+"""The per-attempt clock: waiting for an adapter's own slots is not timed; holding one is."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncbackends as ab
+from asyncbackends._clock import held_slot, waiting_for_slot
+
+
+def requests(n: int) -> list[ab.GenerationRequest]:
+    return [ab.GenerationRequest(f"p{i}", request_id=f"p{i}") for i in range(n)]
+
+
+class PooledBackend(ab.BaseBackend):
+    """An adapter with its own pool of ``slots`` connections (made on first use, on the shared loop)."""
+
+    name = "pooled"
+
+    def __init__(
+        self, slots: int, service: float, parts: int = 1, hang_part: int | None = None, hang_request: str = ""
+    ) -> None:
+        self.slots, self.service, self.parts, self.hang_part = slots, service, parts, hang_part
+        self.hang_request = hang_request  # "" hangs that part of every request
+        self._pool: asyncio.Semaphore | None = None
+        self.holding = self.max_holding = 0
+        self.waiting_parts = 0
+
+    async def _part(self, index: int, request_id: str | None) -> str:
+        if self._pool is None:
+            self._pool = asyncio.Semaphore(self.slots)
+        self.waiting_parts += 1
+        waiting = True
+        try:
+            async with held_slot(self._pool):
+                self.waiting_parts -= 1
+                waiting = False
+                self.holding += 1
+                self.max_holding = max(self.max_holding, self.holding)
+                try:
+                    hangs = index == self.hang_part and self.hang_request in ((request_id or ""), "")
+                    await asyncio.sleep(3600 if hangs else self.service)
+                finally:
+                    self.holding -= 1
+        finally:
+            if waiting:
+                self.waiting_parts -= 1
+        return str(index)
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        texts = await asyncio.gather(*(self._part(i, request.request_id) for i in range(self.parts)))
+        return ab.GenerationResult(request.request_id, tuple(ab.Completion(t) for t in texts))
+
+
+def test_waiting_for_an_adapters_slot_is_not_timed() -> None:
+    # 8 requests in flight share 2 slots of 0.2 s: the last pair waits 0.6 s for a slot, longer than the
+    # 0.5 s timeout, yet only the 0.2 s holding a slot is timed, so nothing times out.
+    backend = PooledBackend(slots=2, service=0.2)
+    outcomes = ab.run_batch(
+        backend,
+        requests(8),
+        concurrency=8,
+        timeout=0.5,
+        retry=ab.RetryPolicy(max_attempts=1),
+        return_exceptions=True,
+    )
+    assert [type(o).__name__ for o in outcomes] == ["GenerationResult"] * 8
+    assert backend.max_holding == 2
+
+
+def test_a_part_hanging_on_a_slot_times_out_while_another_part_waits() -> None:
+    # One request fans out into two parts over one slot: part 0 takes the slot and hangs, part 1 waits
+    # behind it. A part holds a slot, so the clock runs and the attempt times out.
+    backend = PooledBackend(slots=1, service=0.01, parts=2, hang_part=0)
+    outcomes = ab.run_batch(
+        backend, requests(1), timeout=0.3, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+    assert backend.holding == 0 and backend.waiting_parts == 0  # both parts cancelled and gone
+
+
+def test_a_request_waiting_behind_a_hung_holder_is_served_after_the_holder_times_out() -> None:
+    # p0 holds the only slot and hangs; p1 waits (untimed) until p0 times out, then gets the slot.
+    backend = PooledBackend(slots=1, service=0.05, hang_part=0, hang_request="p0")
+    outcomes = ab.run_batch(
+        backend,
+        requests(2),
+        concurrency=2,
+        timeout=0.3,
+        retry=ab.RetryPolicy(max_attempts=1),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+    assert isinstance(outcomes[1], ab.GenerationResult)
+
+
+def test_waiting_for_slot_pauses_only_a_timed_attempt() -> None:
+    class RateWaits(ab.BaseBackend):
+        name = "rate-waits"
+
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            async with waiting_for_slot():
+                await asyncio.sleep(0.4)  # stands in for a shared rate limit's wait
+            return ab.GenerationResult(request.request_id, (ab.Completion("ok"),))
+
+    outcomes = ab.run_batch(
+        RateWaits(), requests(2), timeout=0.2, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
+    )
+    assert all(isinstance(o, ab.GenerationResult) for o in outcomes)
+
+    async def outside_a_run() -> None:
+        async with waiting_for_slot():
+            pass
+        async with held_slot(asyncio.Semaphore(1)):
+            pass
+        async with held_slot(None):
+            pass
+
+    asyncio.run(outside_a_run())

@@ -1,0 +1,166 @@
+"""`RunOptions`: one typed, validated value per run; misspelled or bad options refused before anything opens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+import asyncbackends._run as run_module
+from asyncbackends.adapters.mock import MockBackend
+from asyncbackends.options import OPTION_NAMES, RunOptions, refuse_unknown_options
+
+
+def requests(n: int) -> list[ab.GenerationRequest]:
+    return [ab.GenerationRequest(f"p{i}", request_id=f"p{i}") for i in range(n)]
+
+
+def test_the_entry_points_take_exactly_the_run_options() -> None:
+    import inspect
+
+    for entry in (ab.gather, ab.run_batch, ab.as_completed):
+        keywords = [p.name for p in inspect.signature(entry).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert tuple(keywords) == OPTION_NAMES, entry.__name__
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggested"),
+    [
+        ("concurency", "concurrency"),
+        ("retries", "retry"),
+        ("time_out", "timeout"),
+        ("ratelimit", "rate_limit"),
+    ],
+)
+def test_a_misspelled_option_names_the_closest_valid_one(
+    mock: MockBackend, typo: str, suggested: str
+) -> None:
+    options: dict[str, Any] = {typo: 4}
+    with pytest.raises(ab.InvalidRequestError, match=f"unknown run option '{typo}'.*'{suggested}'"):
+        ab.run_batch(mock, requests(2), **options)
+    with pytest.raises(ab.InvalidRequestError, match=suggested):
+        asyncio.run(ab.gather(mock, requests(2), **options))
+
+    async def drain() -> None:
+        async for _ in ab.as_completed(mock, requests(2), **options):
+            pass
+
+    with pytest.raises(ab.InvalidRequestError, match=suggested):
+        asyncio.run(drain())
+    assert mock.attempts == {}  # refused before anything was sent
+
+
+def test_an_option_far_from_every_name_lists_them_all() -> None:
+    with pytest.raises(ab.InvalidRequestError, match="valid options: concurrency, retry"):
+        refuse_unknown_options({"zzzz": 1})
+    refuse_unknown_options({})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"concurrency": 0},
+        {"concurrency": True},
+        {"concurrency": 2.0},
+        {"timeout": 0},
+        {"timeout": -1},
+        {"timeout": math.inf},
+        {"timeout": math.nan},
+        {"timeout": True},
+        {"timeout": "1"},
+        {"retry": 3},
+        {"rate_limit": 10},
+        {"cache": 3},
+        {"progress": 1},
+        {"return_exceptions": "yes"},
+        {"metrics": {}},
+    ],
+)
+def test_bad_values_are_refused_when_the_options_are_built(options: dict[str, Any]) -> None:
+    with pytest.raises(ab.InvalidRequestError, match=next(iter(options))):
+        RunOptions(**options)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"max_attempts": 0},
+        {"max_attempts": True},
+        {"max_attempts": 1.5},
+        {"initial_delay": -1},
+        {"max_delay": math.inf},
+        {"max_delay": math.nan},
+        {"initial_delay": "1"},
+        {"jitter": 1},
+    ],
+)
+def test_bad_retry_policies_are_refused(policy: dict[str, Any]) -> None:
+    with pytest.raises(ab.InvalidRequestError, match=next(iter(policy))):
+        ab.RetryPolicy(**policy)
+
+
+@pytest.mark.parametrize("rate", [0, -1, math.inf, math.nan, True, "5"])
+def test_bad_rates_are_refused(rate: Any) -> None:
+    with pytest.raises(ab.InvalidRequestError, match="requests_per_second"):
+        ab.RateLimit(requests_per_second=rate)
+    with pytest.raises(ab.InvalidRequestError, match="tokens_per_minute"):
+        ab.RateLimit(tokens_per_minute=rate)
+
+
+def test_run_options_are_frozen_and_exported() -> None:
+    options = ab.RunOptions(concurrency=3, timeout=1)
+    with pytest.raises(AttributeError):
+        options.concurrency = 4  # type: ignore[misc]
+    assert ab.RetryPolicy is ab.gather.__globals__["RetryPolicy"]
+    assert ab.DEFAULT_CONCURRENCY == 64
+
+
+@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"concurency": 2}])
+def test_a_refused_run_opens_no_cache(mock: MockBackend, tmp_path: Path, bad: dict[str, Any]) -> None:
+    path = tmp_path / "cache.sqlite"
+    with pytest.raises(ab.InvalidRequestError):
+        ab.run_batch(mock, requests(2), cache=path, **bad)
+    assert not path.exists()
+
+    async def drain() -> None:
+        async for _ in ab.as_completed(mock, requests(2), cache=path, **bad):
+            pass
+
+    with pytest.raises(ab.InvalidRequestError):
+        asyncio.run(drain())
+    assert not path.exists()
+
+
+def test_a_cache_opened_for_a_run_is_closed_however_the_run_ends(
+    make_mock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[ab.ResponseCache] = []
+    real_open = run_module.open_cache
+
+    def recording_open(cache: Any) -> ab.ResponseCache:
+        if isinstance(cache, ab.ResponseCache):
+            return cache
+        opened.append(real_open(cache))
+        return opened[-1]
+
+    monkeypatch.setattr(run_module, "open_cache", recording_open)
+    failing = make_mock(failure_rate=1.0, failure="rejected")
+    with pytest.raises(ab.RequestRejectedError):
+        ab.run_batch(failing, requests(3), cache=tmp_path / "a.sqlite")
+    ab.run_batch(make_mock(), requests(3), cache=tmp_path / "b.sqlite")
+    assert len(opened) == 2
+    for cache in opened:
+        with pytest.raises(sqlite3.ProgrammingError):
+            len(cache)  # closed
+
+    # A cache object the caller passed stays the caller's: open after the run.
+    mine = ab.ResponseCache(tmp_path / "c.sqlite")
+    with contextlib.closing(mine):
+        ab.run_batch(make_mock(), requests(3), cache=mine)
+        assert len(mine) == 3  # still open: readable after the run
