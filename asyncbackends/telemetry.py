@@ -81,10 +81,34 @@ def _meter_provider() -> Any:
     return None if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider") else provider
 
 
+class _Tally:
+    """Counts kept as plain ints on the loop thread and read by an observable instrument when collected.
+
+    Counting this way costs a dict look-up per event instead of an SDK measurement (attribute checks,
+    hashing, locks: several microseconds each), for counters nobody needs per event.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[Any, ...], list[Any]] = {}  # key -> [attributes, count]
+
+    def add(self, key: tuple[Any, ...], attributes: dict[str, Any], amount: int) -> None:
+        entry = self.counts.get(key)
+        if entry is None:
+            entry = self.counts[key] = [attributes, 0]
+        entry[1] += amount
+
+    def observe(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        # list(): the loop thread may add a key while the collecting thread reads.
+        return [Observation(count, attributes) for attributes, count in list(self.counts.values())]
+
+
 class _Instruments:
     """One meter provider's instruments, made once (making them per run would warn of duplicates)."""
 
     def __init__(self, provider: Any) -> None:
+        self.in_flight, self.retries, self.cache_hits = _Tally(), _Tally(), _Tally()
         meter = provider.get_meter(_SCOPE, _version())
         self.duration = meter.create_histogram(
             "gen_ai.client.operation.duration",
@@ -98,8 +122,11 @@ class _Instruments:
             description="Number of input and output tokens used",
             explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS),
         )
-        self.in_flight = meter.create_up_down_counter(
-            "asyncbackends.requests.in_flight", unit="{request}", description="Requests a worker is serving"
+        meter.create_observable_up_down_counter(
+            "asyncbackends.requests.in_flight",
+            callbacks=[self.in_flight.observe],
+            unit="{request}",
+            description="Requests a worker is serving",
         )
         self.slot_wait = meter.create_histogram(
             "asyncbackends.slot.wait.duration",
@@ -113,13 +140,17 @@ class _Instruments:
             description="Time the run's rate limiter held an attempt back",
             explicit_bucket_boundaries_advisory=list(_WAIT_BUCKETS),
         )
-        self.retries = meter.create_counter(
+        meter.create_observable_counter(
             "asyncbackends.retries",
+            callbacks=[self.retries.observe],
             unit="{retry}",
             description="Retried attempts, by the error that caused them",
         )
-        self.cache_hits = meter.create_counter(
-            "asyncbackends.cache.hits", unit="{request}", description="Results read from the response cache"
+        meter.create_observable_counter(
+            "asyncbackends.cache.hits",
+            callbacks=[self.cache_hits.observe],
+            unit="{request}",
+            description="Results read from the response cache",
         )
         self.replica_state = meter.create_gauge(
             "asyncbackends.replica.state",
@@ -213,42 +244,56 @@ class OTelObserver(RunObserver):
                         self.base["server.port"] = parts.port
         self.instruments = None if meter_provider is None else _instruments_of(meter_provider)
         # Attribute dicts shared by requests alike: requests of one run mostly share their parameters.
-        self.by_operation: dict[str, dict[str, Any]] = {}
+        self.by_operation: dict[str, tuple[dict[str, Any], tuple[Any, ...]]] = {}
         self.by_params: dict[int, dict[str, Any]] = {}
 
-    def metric_attributes(self, operation: str) -> dict[str, Any]:
-        """The attributes every metric point of ``operation`` carries (shared, never mutated)."""
+    def metric_attributes(self, operation: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """The attributes every metric point of ``operation`` carries (shared, never mutated), and a key."""
         found = self.by_operation.get(operation)
         if found is None:
-            found = self.by_operation[operation] = {**self.base, "gen_ai.operation.name": operation}
+            attributes = {**self.base, "gen_ai.operation.name": operation}
+            found = self.by_operation[operation] = (attributes, tuple(sorted(attributes.items())))
         return found
 
     def request_started(self, index: int, request: Request, slot_wait: float) -> RequestObserver:
         """Open the request's span and count it in flight."""
         operation = _operation(request)
-        common = self.metric_attributes(operation)
+        common, key = self.metric_attributes(operation)
         span = None
         if self.tracer is not None:
             attributes = common
             if isinstance(request, GenerationRequest):
-                key = id(request.params)  # the run's requests stay alive, so an id names one params object
-                attributes = self.by_params.get(key)  # type: ignore[assignment]
+                params = id(request.params)  # the run's requests stay alive: an id names one params object
+                attributes = self.by_params.get(params)  # type: ignore[assignment]
                 if attributes is None:
-                    attributes = self.by_params[key] = {**common, **_params_attributes(request)}
+                    attributes = self.by_params[params] = {**common, **_params_attributes(request)}
             name = f"{operation} {self.model}" if self.model else operation
+            attributes = {**attributes, "asyncbackends.slot.wait": slot_wait}
             span = self.tracer.start_span(name, context=self.parent, kind=self.kind, attributes=attributes)
-            span.set_attribute("asyncbackends.slot.wait", slot_wait)
         if self.instruments is not None:
-            self.instruments.in_flight.add(1, common)
+            self.instruments.in_flight.add(key, common, 1)
             self.instruments.slot_wait.record(slot_wait, common)
-        return _SpanRequest(self, span, common, operation)
+        return _SpanRequest(self, span, common, key, operation)
 
 
 class _SpanRequest(RequestObserver):
-    __slots__ = ("attempt_t0", "common", "context", "operation", "replica_name", "run", "span", "t0", "token")
+    __slots__ = (
+        "attempt_t0",
+        "common",
+        "context",
+        "key",
+        "operation",
+        "replica_name",
+        "run",
+        "span",
+        "t0",
+        "token",
+    )
 
-    def __init__(self, run: OTelObserver, span: Any, common: dict[str, Any], operation: str) -> None:
-        self.run, self.span, self.common, self.operation = run, span, common, operation
+    def __init__(
+        self, run: OTelObserver, span: Any, common: dict[str, Any], key: tuple[Any, ...], operation: str
+    ) -> None:
+        self.run, self.span, self.common, self.key, self.operation = run, span, common, key, operation
         self.t0 = time.perf_counter()
         self.attempt_t0 = 0
         self.context: Any = None
@@ -259,7 +304,7 @@ class _SpanRequest(RequestObserver):
         if self.span is not None:
             self.span.set_attribute("asyncbackends.cache.hit", True)
         if self.run.instruments is not None:
-            self.run.instruments.cache_hits.add(1, self.common)
+            self.run.instruments.cache_hits.add(self.key, self.common, 1)
 
     def rate_waited(self, seconds: float) -> None:
         if self.span is not None:
@@ -313,14 +358,15 @@ class _SpanRequest(RequestObserver):
                 attributes["asyncbackends.retry.retry_after"] = error.retry_after
             self.span.add_event("asyncbackends.retry", attributes)
         if self.run.instruments is not None:
-            self.run.instruments.retries.add(1, {**self.common, "error.type": reason})
+            key = (*self.key, ("error.type", reason))
+            self.run.instruments.retries.add(key, {**self.common, "error.type": reason}, 1)
 
     def done(self, outcome: Outcome) -> None:
         seconds = time.perf_counter() - self.t0
         instruments = self.run.instruments
         failed = isinstance(outcome, AsyncBackendsError)
         if instruments is not None:
-            instruments.in_flight.add(-1, self.common)
+            instruments.in_flight.add(self.key, self.common, -1)
             if failed:
                 instruments.duration.record(seconds, {**self.common, "error.type": type(outcome).__name__})
             else:
@@ -343,18 +389,17 @@ class _SpanRequest(RequestObserver):
             span.record_exception(outcome)
             span.set_status(Status(StatusCode.ERROR, str(outcome)))
         elif isinstance(outcome, GenerationResult):
-            span.set_attributes(
-                {
-                    "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in outcome.completions],
-                    "gen_ai.usage.output_tokens": outcome.completion_tokens,
-                }
-            )
+            ended: dict[str, Any] = {
+                "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in outcome.completions],
+                "gen_ai.usage.output_tokens": outcome.completion_tokens,
+            }
             if outcome.prompt_tokens is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", outcome.prompt_tokens)
+                ended["gen_ai.usage.input_tokens"] = outcome.prompt_tokens
             if outcome.model:
-                span.set_attribute("gen_ai.response.model", outcome.model)
+                ended["gen_ai.response.model"] = outcome.model
                 if self.run.model is None:
                     span.update_name(f"{self.operation} {outcome.model}")
+            span.set_attributes(ended)
         span.end()
 
     def cancelled(self) -> None:
@@ -365,7 +410,7 @@ class _SpanRequest(RequestObserver):
             context.detach(self.token)
             self.token = None
         if self.run.instruments is not None:
-            self.run.instruments.in_flight.add(-1, self.common)
+            self.run.instruments.in_flight.add(self.key, self.common, -1)
         if self.span is not None:
             from opentelemetry.trace import Status, StatusCode
 

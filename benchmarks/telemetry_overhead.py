@@ -1,0 +1,152 @@
+"""Observability overhead: `run_batch` to an instant backend with and without instrumentation.
+
+Modes (each in a fresh process, rounds interleaved, median reported):
+- ``off``: nothing observes; OpenTelemetry never imported (the reference).
+- ``api_only``: the OpenTelemetry API imported but no SDK provider set (a library's usual situation).
+- ``sdk``: the SDK configured and exporting: a `TracerProvider` with a `BatchSpanProcessor` feeding an
+  exporter that counts spans, and a `MeterProvider` with a periodic reader feeding an exporter that drops
+  them (in-process, so the figure is the instrumentation's cost, not a network's).
+- ``sdk_metrics``: metrics only (what ``--metrics-port`` configures: OpenTelemetry's Prometheus reader).
+- ``callbacks``: `RunCallbacks` with all three callbacks set to a function that does nothing.
+
+Usage: ``python benchmarks/telemetry_overhead.py [--n 100000] [--rounds 3] [--latency 0]``. With
+``--latency S`` each request sleeps S seconds (concurrency 64), a backend closer to a real server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+MODES = ("off", "api_only", "sdk", "sdk_metrics", "callbacks")
+
+
+def configure(mode: str) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    if mode == "api_only":
+        import opentelemetry.metrics
+        import opentelemetry.trace  # noqa: F401
+    if mode in ("sdk", "sdk_metrics"):
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        if mode == "sdk":
+            from opentelemetry.sdk.metrics.export import (
+                MetricExporter,
+                MetricExportResult,
+                PeriodicExportingMetricReader,
+            )
+
+            class DropMetrics(MetricExporter):
+                def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+                    return MetricExportResult.SUCCESS
+
+                def force_flush(self, timeout_millis: float = 10_000) -> bool:
+                    return True
+
+                def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+                    pass
+
+            reader: Any = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
+        else:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+
+            reader = PrometheusMetricReader(registry=CollectorRegistry())
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    if mode == "sdk":
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class CountSpans(SpanExporter):
+            count = 0
+
+            def export(self, spans: Any) -> Any:
+                CountSpans.count += len(spans)
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(CountSpans(), max_queue_size=200_000))
+        trace.set_tracer_provider(provider)
+        state["provider"], state["exporter"] = provider, CountSpans
+    return state
+
+
+def one(mode: str, n: int, latency: float) -> dict[str, float]:
+    import asyncbackends as ab
+
+    state = configure(mode)
+
+    class Instant(ab.BaseBackend):
+        name = "instant"
+        capabilities = ab.Capabilities()
+
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            await asyncio.sleep(latency)
+            return ab.GenerationResult(request.request_id, (ab.Completion("ok", (1,), None, "stop"),), 1)
+
+    def nothing(_: object) -> None:
+        pass
+
+    callbacks = ab.RunCallbacks(nothing, nothing, nothing) if mode == "callbacks" else None
+    requests = [ab.GenerationRequest("x") for _ in range(n)]
+    manager = ab.get_loop_manager()
+    manager.run(asyncio.sleep(0))
+    start = time.perf_counter()
+    results = ab.run_batch(
+        Instant(),
+        requests,
+        concurrency=64,
+        retry=ab.RetryPolicy(max_attempts=3),
+        timeout=30.0,
+        callbacks=callbacks,
+    )
+    elapsed = time.perf_counter() - start
+    assert len(results) == n
+    if mode == "sdk":
+        state["provider"].force_flush()
+        assert state["exporter"].count == n, state["exporter"].count  # every span was exported
+    if mode == "api_only":
+        assert "opentelemetry.sdk" not in sys.modules
+    if mode == "off":
+        assert not any(m.startswith("opentelemetry") for m in sys.modules)
+    return {"seconds": elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--one", choices=MODES)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.n, args.latency)))
+        return
+    modes = args.modes.split(",")
+    runs: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(args.rounds):
+        for mode in modes:  # interleaved: noise on a shared machine hits every mode alike
+            command = [sys.executable, __file__, "--one", mode, "--n", str(args.n), "--latency", str(args.latency)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    reference = statistics.median(runs[modes[0]])
+    print(f"{args.n} requests, latency {args.latency} s, median of {args.rounds} interleaved rounds\n")
+    print(f"| mode | us/request | time vs {modes[0]} | each round (s) |")
+    print("|---|---|---|---|")
+    for mode in modes:
+        seconds = statistics.median(runs[mode])
+        rounds = ", ".join(f"{s:.2f}" for s in runs[mode])
+        print(f"| {mode} | {seconds / args.n * 1e6:.1f} | {seconds / reference:.2f}x | {rounds} |")
+
+
+if __name__ == "__main__":
+    main()
