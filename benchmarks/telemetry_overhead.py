@@ -135,7 +135,16 @@ def main() -> None:
     runs: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.rounds):
         for mode in modes:  # interleaved: noise on a shared machine hits every mode alike
-            command = [sys.executable, __file__, "--one", mode, "--n", str(args.n), "--latency", str(args.latency)]
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                mode,
+                "--n",
+                str(args.n),
+                "--latency",
+                str(args.latency),
+            ]
             out = subprocess.run(command, capture_output=True, text=True, check=True)
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
     reference = statistics.median(runs[modes[0]])
