@@ -9,8 +9,11 @@ Modes (each in a fresh process, rounds interleaved, median reported):
 - ``sdk_metrics``: metrics only (what ``--metrics-port`` configures: OpenTelemetry's Prometheus reader).
 - ``callbacks``: `RunCallbacks` with all three callbacks set to a function that does nothing.
 
-Usage: ``python benchmarks/telemetry_overhead.py [--n 100000] [--rounds 3] [--latency 0]``. With
-``--latency S`` each request sleeps S seconds (concurrency 64), a backend closer to a real server.
+Wall time and the process's CPU time are both reported: on a shared, loaded machine CPU time is the
+steadier measure of what the instrumentation costs. Usage: ``python benchmarks/telemetry_overhead.py
+[--n 100000] [--rounds 3] [--latency 0] [--modes off,sdk]``. With ``--latency S`` each request sleeps S
+seconds (concurrency 64), a backend closer to a real server. ``--one off`` run with another tree first on
+``PYTHONPATH`` measures that tree (before/after a change).
 """
 
 from __future__ import annotations
@@ -99,16 +102,13 @@ def one(mode: str, n: int, latency: float) -> dict[str, float]:
     requests = [ab.GenerationRequest("x") for _ in range(n)]
     manager = ab.get_loop_manager()
     manager.run(asyncio.sleep(0))
-    start = time.perf_counter()
+    # Passed only when set, so mode "off" also runs against a tree without the option (before/after).
+    extra: dict[str, Any] = {} if callbacks is None else {"callbacks": callbacks}
+    start, cpu = time.perf_counter(), time.process_time()
     results = ab.run_batch(
-        Instant(),
-        requests,
-        concurrency=64,
-        retry=ab.RetryPolicy(max_attempts=3),
-        timeout=30.0,
-        callbacks=callbacks,
+        Instant(), requests, concurrency=64, retry=ab.RetryPolicy(max_attempts=3), timeout=30.0, **extra
     )
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert len(results) == n
     if mode == "sdk":
         state["provider"].force_flush()
@@ -117,7 +117,7 @@ def one(mode: str, n: int, latency: float) -> dict[str, float]:
         assert "opentelemetry.sdk" not in sys.modules
     if mode == "off":
         assert not any(m.startswith("opentelemetry") for m in sys.modules)
-    return {"seconds": elapsed}
+    return {"seconds": elapsed, "cpu_seconds": cpu}
 
 
 def main() -> None:
@@ -132,7 +132,7 @@ def main() -> None:
         print(json.dumps(one(args.one, args.n, args.latency)))
         return
     modes = args.modes.split(",")
-    runs: dict[str, list[float]] = {m: [] for m in modes}
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for _ in range(args.rounds):
         for mode in modes:  # interleaved: noise on a shared machine hits every mode alike
             command = [
@@ -146,15 +146,19 @@ def main() -> None:
                 str(args.latency),
             ]
             out = subprocess.run(command, capture_output=True, text=True, check=True)
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
-    reference = statistics.median(runs[modes[0]])
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[mode])
+
     print(f"{args.n} requests, latency {args.latency} s, median of {args.rounds} interleaved rounds\n")
-    print(f"| mode | us/request | time vs {modes[0]} | each round (s) |")
-    print("|---|---|---|---|")
+    print(f"| mode | wall us/request | wall vs {modes[0]} | CPU us/request | CPU vs {modes[0]} |")
+    print("|---|---|---|---|---|")
     for mode in modes:
-        seconds = statistics.median(runs[mode])
-        rounds = ", ".join(f"{s:.2f}" for s in runs[mode])
-        print(f"| {mode} | {seconds / args.n * 1e6:.1f} | {seconds / reference:.2f}x | {rounds} |")
+        wall, cpu = median(mode, "seconds"), median(mode, "cpu_seconds")
+        wall_ratio, cpu_ratio = wall / median(modes[0], "seconds"), cpu / median(modes[0], "cpu_seconds")
+        per_request = f"{wall / args.n * 1e6:.1f} | {wall_ratio:.2f}x | {cpu / args.n * 1e6:.1f}"
+        print(f"| {mode} | {per_request} | {cpu_ratio:.2f}x |")
 
 
 if __name__ == "__main__":
