@@ -48,7 +48,15 @@ unit: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-test: lint typecheck unit docs
+# Every step runs even when an earlier one fails, so one run reports everything; the status is non-zero
+# when any step failed, and the failed steps are named at the end.
+test: $(STAMP)
+	@failed=""; \
+	for step in lint typecheck unit docs; do \
+		$(MAKE) --no-print-directory $$step || failed="$$failed $$step"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: failed:$$failed" >&2; exit 1; fi; \
+	echo "make test: lint, typecheck, unit and docs passed"
 
 bench: $(STAMP)
 	$(PY) benchmarks/gather_overhead.py

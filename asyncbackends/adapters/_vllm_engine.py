@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import warnings
 
@@ -21,7 +22,12 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["shutdown_engine", "start_engine"]
+__all__ = ["shutdown_engine", "start_engine", "stop_engine"]
+
+# How long the engine's processes get to exit after SIGTERM before vLLM kills them.
+_PROCESS_STOP_TIMEOUT = 10.0
+# How long the engine's loop-bound tasks get to finish once cancelled.
+_TASK_STOP_TIMEOUT = 5.0
 
 
 # vLLM's start-up changes process-wide state without a lock (OMP_NUM_THREADS and torch's thread count, saved
@@ -76,15 +82,65 @@ def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: Bas
         threading.Thread(target=shutdown_engine, args=(engine,), name="asyncbackends-vllm-stop").start()
 
 
-def shutdown_engine(engine: AsyncLLM) -> None:
-    """Stop the engine's processes and release its ZeroMQ context.
+async def stop_engine(engine: AsyncLLM) -> None:
+    """Stop a started engine from its own (the shared) loop without blocking that loop.
 
-    Call it on the shared loop once the engine has served there; an engine whose loop-bound tasks never
-    started (a start nobody waits for) may be stopped from any thread.
+    ``AsyncLLM.shutdown`` joins the engine's processes (seconds): it runs in a thread, from which vLLM hands
+    the closing of its loop-bound sockets and tasks back to this loop. Those tasks are awaited here, and the
+    ZeroMQ context is destroyed only then: destroyed under a task still reading a socket, it makes that task
+    fail with ``zmq.error.ContextTerminated``, printed as a traceback.
     """
-    engine.shutdown()
-    # vLLM's async client closes its ZeroMQ sockets (synchronously) but never terminates their context,
-    # whose finaliser then warns "Unclosed context" (an error under -W error).
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    tasks = [
+        task
+        for task in (
+            getattr(engine, "output_handler", None),
+            getattr(resources, "output_queue_task", None),
+            getattr(resources, "stats_update_task", None),
+        )
+        if isinstance(task, asyncio.Task) and not task.done()
+    ]
+    await asyncio.to_thread(_stop_quietly, engine)
+    for task in tasks:  # vLLM cancels them from its thread; make sure, then let them finish
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_TASK_STOP_TIMEOUT)
+    _destroy_context(engine)
+
+
+def shutdown_engine(engine: AsyncLLM) -> None:
+    """Stop an engine whose loop-bound tasks never started (a start nobody waits for), from any thread."""
+    _stop_quietly(engine)
+    _destroy_context(engine)
+
+
+def _stop_quietly(engine: AsyncLLM) -> None:
+    # vLLM logs every shutdown step at INFO and WARNING ("force killing remaining process EngineCore" when
+    # its workers are slow to exit): routine for a requested stop, so this thread's records are dropped.
+    # A filter on the handlers, not the logger: a logger's filters do not apply to its children's records.
+    quiet = _DropThisThread()
+    handlers = [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers]
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        engine.shutdown(timeout=_PROCESS_STOP_TIMEOUT)
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+class _DropThisThread(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self._thread
+
+
+def _destroy_context(engine: AsyncLLM) -> None:
+    # vLLM's async client closes its ZeroMQ sockets but never terminates their context, whose finaliser then
+    # warns "Unclosed context" (an error under -W error).
     ctx = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "ctx", None)
     if ctx is not None:
         with contextlib.suppress(Exception):

@@ -37,7 +37,8 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._http import HTTPTransport, error_for_status, poll_until_ok, resolve_token
+from ._credentials import resolve_token
+from ._http import HTTPTransport, error_for_status, poll_until_ok
 from .openai import OpenAIBackend
 from .tgi import TGIBackend
 
@@ -120,8 +121,9 @@ class EndpointsBackend(BaseBackend):
             scale_up_timeout: The ``X-Scale-Up-Timeout`` sent with every request: how long the proxy may
                 hold a request while a scaled-to-zero endpoint starts.
             timeout: Seconds one HTTP request may take; ``None`` for no limit.
-            headers: Extra headers for every request.
-            max_connections: Size of the connection pool.
+            headers: Extra headers for every request (credential-like ones, ``X-API-Key``..., held masked).
+            max_connections: How many HTTP exchanges run at once; the wait for one is not timed by
+            `gather`'s per-attempt timeout.
             max_concurrency: The concurrency `gather` uses when given none.
 
         Raises:
@@ -190,6 +192,15 @@ class EndpointsBackend(BaseBackend):
         """Rolling loglikelihood where the inner adapter supports it (OpenAI protocol on vLLM)."""
         self._check_open(request.request_id)
         return await self._inner.loglikelihood_rolling(request)
+
+    async def check_ready(self) -> None:
+        """The inner adapter's readiness probe (TGI ``/health`` or ``/v1/models``), for a pool.
+
+        Raises:
+            BackendError: The endpoint does not answer as ready.
+        """
+        self._check_open()
+        await self._inner.check_ready()
 
     async def _aclose(self) -> None:
         try:

@@ -2,7 +2,11 @@
 
 Its "model" reads one character as one token (token id = code point) and greedily echoes the prompt back,
 so tests can predict every output. Sampling (temperature > 0) shuffles the prompt's characters with a
-generator seeded from ``seed`` and the completion's index: the same seed gives the same samples. Latency,
+generator seeded from ``seed`` and the completion's index: the same seed gives the same samples.
+``min_tokens`` repeats the prompt until the completion is that long (stop strings apply from there on);
+``regex`` and ``json_schema`` make every completion the shortest text that satisfies the constraint
+(`_minimal_match`); the penalties and ``min_p`` need logits the mock does not have, so they are refused
+with `RequestRejectedError`, like any parameter a backend cannot honour. Latency,
 jitter and failures can be injected, and counters record what the backend saw (attempts, peak in-flight
 requests, cancellations), which makes it the backend of choice for tests, docs and dry runs.
 """
@@ -33,6 +37,8 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
+from ._sampling import refuse_unsupported
 
 __all__ = ["MockBackend"]
 
@@ -45,6 +51,12 @@ _FAILURES: dict[str, type[BackendError]] = {
     "broken": BackendBrokenError,
     "server": BackendError,
 }
+
+
+_NO_LOGITS = dict.fromkeys(
+    ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"),
+    "the mock's echo model has no logits to apply it to",
+)
 
 
 def _token_logprob(previous: str, token: str) -> float:
@@ -104,6 +116,9 @@ class MockBackend(BaseBackend):
             logprobs=True,
             stop=True,
             max_concurrency=max_concurrency,
+            min_tokens=True,
+            json_schema=True,
+            regex=True,
         )
         self.attempts: Counter[str | None] = Counter()
         self.in_flight = 0
@@ -115,6 +130,17 @@ class MockBackend(BaseBackend):
     def fingerprint(self) -> dict[str, str]:
         """What identifies this backend's outputs, for the response cache."""
         return {"name": self.name, "model": self.model}
+
+    async def check_ready(self) -> None:
+        """A pool's readiness probe: ready while open and not failing every attempt (``failure_rate=1``).
+
+        Raises:
+            BackendClosedError: After `aclose`.
+            BackendUnavailableError: ``failure_rate`` is 1.
+        """
+        self._check_open()
+        if self.failure_rate >= 1:
+            raise BackendUnavailableError("mock: failing every attempt", backend=self.name)
 
     async def _attempt(self, key: str | None, request_id: str | None) -> None:
         """Count the attempt, sleep the injected latency, then maybe fail."""
@@ -156,17 +182,28 @@ class MockBackend(BaseBackend):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Echo the prompt (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
         text = self.prompt_text(request)
-        await self._attempt(request.request_id or text, request.request_id)
         params = request.params
+        refuse_unsupported(
+            params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
+        )
+        constrained = self._constrained(request)
+        await self._attempt(request.request_id or text, request.request_id)
+        min_tokens = params.min_tokens or 0
         completions = []
         for index in range(params.n):
             chars = list(text)
-            if not params.greedy:
+            if constrained is not None:
+                chars = list(constrained)
+            elif not params.greedy:
                 seed = params.seed if params.seed is not None else random.getrandbits(64)
                 random.Random(f"{seed}:{index}").shuffle(chars)
+            while len(chars) < min_tokens:  # EOS is not allowed yet: the echo goes round again
+                chars += chars[: min_tokens - len(chars)]
             out = "".join(chars[: params.max_tokens])
             finish = "length" if len(chars) > params.max_tokens else "stop"
-            cut = min((out.find(s) for s in params.stop if s in out), default=-1)
+            # A stop string ends a completion only once min_tokens are out.
+            ends = [out.find(s, max(0, min_tokens - len(s))) for s in params.stop]
+            cut = min((i for i in ends if i >= 0), default=-1)
             if cut >= 0:
                 out, finish = out[:cut], "stop"
             logprobs = None
@@ -176,6 +213,28 @@ class MockBackend(BaseBackend):
         return GenerationResult(
             request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model
         )
+
+    def _constrained(self, request: GenerationRequest) -> str | None:
+        """The one text a ``regex`` or ``json_schema`` request gets, or ``None`` without a constraint."""
+        params = request.params
+        try:
+            if params.regex is not None:
+                text = minimal_regex_match(params.regex)
+            elif params.json_schema is not None:
+                text = minimal_json(params.json_schema)
+            else:
+                return None
+        except NoMatchError as exc:
+            raise RequestRejectedError(
+                f"mock: {exc}", backend=self.name, request_id=request.request_id
+            ) from exc
+        if len(text) < (params.min_tokens or 0):
+            raise RequestRejectedError(
+                f"mock: the constrained text {text!r} is shorter than min_tokens={params.min_tokens}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
+        return text
 
     def _score(self, context: str, continuation: str) -> tuple[float, ...]:
         previous = (context or "\n")[-1] + continuation[:-1]

@@ -40,6 +40,7 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ._credentials import split_url_credentials
 from ._http import (
     HTTPResponse,
     HTTPTransport,
@@ -55,11 +56,16 @@ from ._openai_wire import (
     parse_completions,
     parse_echo,
 )
+from ._sampling import refuse_unsupported
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, split_trailing_space
 
 __all__ = ["OpenAIBackend"]
 
 ServerKind = Literal["auto", "vllm", "generic"]
+_NOT_VLLM = dict.fromkeys(
+    ("repetition_penalty", "min_p", "min_tokens", "regex"),
+    "vLLM's extra request field; this server was not recognised as vLLM (pass server='vllm' if it is)",
+)
 
 
 class OpenAIBackend(BaseBackend):
@@ -72,8 +78,9 @@ class OpenAIBackend(BaseBackend):
         server: ``"vllm"`` to use vLLM's extensions (tokenize, token ids, echo scoring), ``"generic"`` not to.
         max_model_len: The model's context length, where the server reported it.
         timeout: Seconds one HTTP request may take; ``None`` for no limit.
-        headers: Extra headers for every request.
-        max_connections: Size of the connection pool (0 for unlimited).
+        headers: Extra headers for every request (credential-like ones, ``X-API-Key``..., held masked).
+        max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
+            not timed by `gather`'s per-attempt timeout.
         max_concurrency: The concurrency `gather` uses when given none.
     """
 
@@ -94,13 +101,13 @@ class OpenAIBackend(BaseBackend):
     ) -> None:
         if not isinstance(base_url, str):
             raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
-        self.base_url = base_url.rstrip("/")
+        # Shown and fingerprinted without user:password@ (the transport sends those as a masked header).
+        self.base_url = split_url_credentials(base_url)[0].rstrip("/")
+        full = base_url.rstrip("/")
         # The transport is rooted at the server, not at /v1: vLLM's /tokenize and /health live there.
-        root, self._api = (
-            (self.base_url[:-3], "/v1") if self.base_url.endswith("/v1") else (self.base_url, "")
-        )
+        root, self._api = (full[:-3], "/v1") if full.endswith("/v1") else (full, "")
         self._http = HTTPTransport(
-            root or self.base_url,
+            root or full,
             backend=self.name,
             token=api_key,
             headers=headers,
@@ -136,8 +143,9 @@ class OpenAIBackend(BaseBackend):
             server: ``"auto"`` (vLLM when its model list says ``owned_by: "vllm"``), ``"vllm"`` or
                 ``"generic"`` (plain OpenAI fields only; no loglikelihood).
             timeout: Seconds one HTTP request may take; ``None`` for no limit.
-            headers: Extra headers for every request.
-            max_connections: Size of the connection pool (0 for unlimited).
+            headers: Extra headers for every request (credential-like ones, ``X-API-Key``..., held masked).
+            max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
+            not timed by `gather`'s per-attempt timeout.
             max_concurrency: The concurrency `gather` uses when given none.
 
         Raises:
@@ -211,6 +219,15 @@ class OpenAIBackend(BaseBackend):
         """What identifies this backend's outputs for the response cache (no secret)."""
         return {"name": self.name, "base_url": self.base_url, "model": self.model}
 
+    async def check_ready(self) -> None:
+        """One ``GET /v1/models``: returns when the server lists its models (a pool's readiness probe).
+
+        Raises:
+            BackendError: The mapped error of a failed answer or connection.
+        """
+        self._check_open()
+        await self._models()
+
     async def _aclose(self) -> None:
         await self._http.aclose()
 
@@ -231,6 +248,7 @@ class OpenAIBackend(BaseBackend):
         rid = request.request_id
         self._check_open(rid)
         params = request.params
+        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM)
         if params.max_tokens == 0:
             # OpenAI-compatible servers refuse max_tokens=0 without echo; the answer is known anyway.
             empty = tuple(

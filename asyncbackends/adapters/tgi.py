@@ -9,6 +9,11 @@ One request per call, like every adapter. Text prompts go to ``POST /generate``,
 - sampling is ``do_sample: true`` plus the temperature, ``top_k`` when set and ``top_p`` when below 1
   (TGI requires 0 < top_p < 1);
 - ``return_full_text: false`` always (TGI may echo the prompt otherwise) and ``details: true``;
+- ``repetition_penalty`` and ``frequency_penalty`` are TGI's parameters of the same names; ``json_schema``
+  and ``regex`` are its ``grammar`` ``{"type": "json" | "regex", "value": ...}`` (``response_format`` on the
+  chat route, which has no ``repetition_penalty``: refused there). ``presence_penalty``, ``min_p`` and
+  ``min_tokens`` have no TGI equivalent and are refused (TGI's chat ``presence_penalty`` is turned into a
+  repetition penalty by its router, so it is not used);
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
@@ -35,20 +40,20 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ._http import (
-    HTTPResponse,
-    HTTPTransport,
-    json_body,
-    malformed_response,
-    poll_until_ok,
-    resolve_token,
-)
+from ._credentials import resolve_token
+from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
+from ._sampling import refuse_unsupported
 from ._scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
 
 T = TypeVar("T")
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+_NO_TGI = {
+    "presence_penalty": "TGI has none (its chat route turns presence_penalty into a repetition penalty)",
+    "min_p": "TGI has no min_p",
+    "min_tokens": "TGI has no minimum length",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +89,16 @@ class TGIBackend(BaseBackend):
     """Talks to one text-generation-inference server.
 
     Args:
-        url: The server root, for example ``http://localhost:8080`` (not ``.../v1``).
-        token: Bearer token; ``None`` uses the one huggingface_hub finds (``get_token()``), ``False`` none.
+        url: The server root, for example ``http://localhost:8080`` (not ``.../v1``). Credentials in it
+            (``https://user:key@host``) are sent as HTTP Basic auth and never shown.
+        token: Bearer token, always sent; ``None`` uses the one huggingface_hub finds (``HF_TOKEN``, the saved
+            login) but only for https URLs on Hugging Face hosts; ``False`` sends none.
         timeout: Seconds one HTTP request may take; ``None`` for no limit (``gather``'s ``timeout`` is
             the per-attempt limit you usually want).
-        headers: Extra headers for every request.
-        max_connections: Size of the connection pool; keep it at or above the concurrency you run with
-            (n > 1 and loglikelihood requests use several connections at once). 0 means unlimited.
+        headers: Extra headers for every request; those whose name suggests a credential (``X-API-Key``...)
+            are held masked, like the token.
+        max_connections: How many HTTP exchanges run at once (0: unlimited). Requests beyond it wait for a
+            connection, and that wait is not timed by `gather`'s per-attempt timeout.
         max_concurrency: The concurrency `gather` uses when given none.
         tokenizer: Optional local tokenizer (an object with ``encode(text) -> list[int]``, or a callable) to
             count tokens: loglikelihood continuations without ``POST /tokenize``, and prompt lengths checked
@@ -110,8 +118,7 @@ class TGIBackend(BaseBackend):
         max_concurrency: int | None = None,
         tokenizer: Any = None,
     ) -> None:
-        secret = resolve_token(token)
-        self.url = url.rstrip("/") if isinstance(url, str) else url
+        secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
             url,
             backend=self.name,
@@ -120,6 +127,7 @@ class TGIBackend(BaseBackend):
             timeout=timeout,
             max_connections=max_connections,
         )
+        self.url = self._http.base_url  # without any user:password@ (sent as a masked header instead)
         self._encode = _encoder(tokenizer)
         self._info: TGIInfo | None = None
         self._info_lock: asyncio.Lock | None = None
@@ -132,6 +140,10 @@ class TGIBackend(BaseBackend):
             logprobs=True,
             stop=True,
             max_concurrency=max_concurrency,
+            repetition_penalty=True,
+            frequency_penalty=True,
+            json_schema=True,
+            regex=True,
         )
 
     def __repr__(self) -> str:
@@ -172,6 +184,19 @@ class TGIBackend(BaseBackend):
         self._check_open()
         await poll_until_ok(self._http, "/health", timeout=timeout, interval=interval, what=self.url)
 
+    async def check_ready(self) -> None:
+        """One ``GET /health``: returns when the server answers 200 (a pool's readiness probe).
+
+        Raises:
+            BackendError: The mapped error of any other answer, or of a failed connection.
+        """
+        from ._http import error_for_status
+
+        self._check_open()
+        resp = await self._http.request("GET", "/health")
+        if resp.status != 200:
+            raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name)
+
     # -- generate ------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -180,6 +205,13 @@ class TGIBackend(BaseBackend):
         self._check_open(rid)
         params = request.params
         kind = request.prompt_kind
+        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NO_TGI)
+        if kind == "chat" and params.repetition_penalty is not None:
+            raise RequestRejectedError(
+                "TGI's chat route has no repetition_penalty; use a text prompt for it",
+                backend=self.name,
+                request_id=rid,
+            )
         if kind == "tokens":
             raise RequestRejectedError(
                 "TGI takes text or chat prompts, not token ids", backend=self.name, request_id=rid
@@ -228,13 +260,20 @@ class TGIBackend(BaseBackend):
 
     @staticmethod
     def _sampling(params: Any) -> dict[str, Any]:
-        if params.greedy:
-            return {"do_sample": False}
-        out: dict[str, Any] = {"do_sample": True, "temperature": params.temperature}
-        if params.top_k is not None:
-            out["top_k"] = params.top_k
-        if params.top_p < 1.0:
-            out["top_p"] = params.top_p
+        out: dict[str, Any] = {"do_sample": False}
+        if not params.greedy:
+            out = {"do_sample": True, "temperature": params.temperature}
+            if params.top_k is not None:
+                out["top_k"] = params.top_k
+            if params.top_p < 1.0:
+                out["top_p"] = params.top_p
+        # Penalties are not warpers: TGI applies them in greedy mode too without turning sampling on.
+        for name in ("repetition_penalty", "frequency_penalty"):
+            if getattr(params, name) is not None:
+                out[name] = getattr(params, name)
+        grammar = _grammar(params)
+        if grammar is not None:
+            out["grammar"] = grammar
         return out
 
     async def _generate_once(
@@ -276,6 +315,11 @@ class TGIBackend(BaseBackend):
         }
         if params.top_p < 1.0 and not params.greedy:
             payload["top_p"] = params.top_p
+        if params.frequency_penalty is not None:
+            payload["frequency_penalty"] = params.frequency_penalty
+        grammar = _grammar(params)
+        if grammar is not None:
+            payload["response_format"] = grammar
         if params.stop:
             payload["stop"] = list(params.stop)
         if seed is not None:
@@ -358,6 +402,15 @@ class TGIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("TGI", exc, backend=self.name, request_id=rid)
+
+
+def _grammar(params: Any) -> dict[str, Any] | None:
+    """TGI's ``GrammarType`` for the request's structured-output constraint, if any."""
+    if params.json_schema is not None:
+        return {"type": "json", "value": dict(params.json_schema)}
+    if params.regex is not None:
+        return {"type": "regex", "value": params.regex}
+    return None
 
 
 def _strip_stop(text: str, stops: Sequence[str]) -> str:

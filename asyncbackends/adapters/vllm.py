@@ -19,22 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-import warnings
 from collections.abc import Mapping
-from typing import Any
-
-# vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
-# (pytest's filterwarnings=error) they would make the adapter unimportable.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import vllm
-    from vllm import SamplingParams as VLLMSamplingParams
-    from vllm import TokensPrompt
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.outputs import RequestOutput
-    from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.engine.exceptions import EngineDeadError
+from typing import TYPE_CHECKING, Any
 
 from .._tasks import all_or_nothing
 from ..errors import (
@@ -45,6 +31,7 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
+from ..loop import get_loop_manager
 from ..protocol import BaseBackend
 from ..registry import check_options
 from ..types import (
@@ -57,9 +44,24 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._sampling import refuse_unsupported
 from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling, scored_result
-from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
-from ._vllm_engine import shutdown_engine, start_engine
+from ._vllm_checks import check_before_import, engine_defaults, import_vllm
+
+if TYPE_CHECKING:
+    # Bound at run time by `import_vllm` on the first `create`: importing vLLM takes 10 s or more, and what
+    # can be checked without it (option names, a model path) is checked first.
+    import vllm
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm import TokensPrompt
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.outputs import RequestOutput
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
+    from ._vllm_engine import start_engine, stop_engine
 
 __all__ = ["VLLMBackend"]
 
@@ -79,8 +81,6 @@ _FINGERPRINT_OPTIONS = (
     "generation_config",
     "override_generation_config",
 )
-
-_ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
 
 class VLLMBackend(BaseBackend):
@@ -104,6 +104,7 @@ class VLLMBackend(BaseBackend):
         max_concurrency: int | None = None,
     ) -> None:
         self._engine: AsyncLLM | None = engine
+        self._closing: asyncio.Future[None] | None = None
         self.model = model
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
         # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
@@ -138,6 +139,13 @@ class VLLMBackend(BaseBackend):
             logprobs=True,
             stop=True,
             max_concurrency=hint,
+            repetition_penalty=True,
+            presence_penalty=True,
+            frequency_penalty=True,
+            min_p=True,
+            min_tokens=True,
+            json_schema=True,
+            regex=True,
         )
 
     @classmethod
@@ -152,15 +160,22 @@ class VLLMBackend(BaseBackend):
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
-                ``disable_log_stats`` defaults to true, as with ``LLM``.
+                ``disable_log_stats`` defaults to true, as with ``LLM``; on a CPU the KV cache gets 1 GiB
+                unless ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE``
+                say otherwise.
 
         Raises:
-            InvalidRequestError: An option that is not an ``AsyncEngineArgs`` field (close matches named), or
-                one the engine refuses.
+            BackendNotFoundError: vLLM is not installed (with the pip command).
+            InvalidRequestError: An option that is not an ``AsyncEngineArgs`` field (close matches named), a
+                local model path that does not exist (both found before vLLM is imported), or an option the
+                engine refuses.
             BackendBrokenError: The engine failed to start.
         """
-        check_options(cls.name, engine_args, _ENGINE_ARG_NAMES - {"model"})
-        options = {"disable_log_stats": True, **engine_args}
+        check_before_import(cls.name, model, engine_args)  # fast: names and paths, before vLLM loads
+        await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
+        engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+        check_options(cls.name, engine_args, engine_fields - {"model"})
+        options = {**engine_defaults(engine_args), **engine_args}
         try:
             args = AsyncEngineArgs(model=model, **options)
         except (TypeError, ValueError, VLLMError) as exc:
@@ -174,7 +189,7 @@ class VLLMBackend(BaseBackend):
         try:
             return cls(engine, model=model, engine_args=engine_args)
         except BaseException:
-            shutdown_engine(engine)  # a started engine owns processes: never leak them
+            await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
 
     @property
@@ -202,6 +217,19 @@ class VLLMBackend(BaseBackend):
         self._check_open()
         assert self._engine is not None
         return self._engine
+
+    async def check_ready(self) -> None:
+        """The engine's liveness (``AsyncLLM.check_health``), for a pool's readiness probe.
+
+        Raises:
+            BackendClosedError: After `aclose`.
+            BackendBrokenError: The engine died.
+        """
+        engine = self.engine
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            raise self._dead(exc, None) from exc
 
     # -- the engine boundary ---------------------------------------------------------------------------
 
@@ -261,7 +289,13 @@ class VLLMBackend(BaseBackend):
     # -- generation --------------------------------------------------------------------------------------
 
     def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
+        # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
+        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams.
+        optional = params.optional_params()
+        schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
         try:
+            if schema is not None or regex is not None:
+                optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)
             return VLLMSamplingParams(
                 n=params.n,
                 temperature=params.temperature,
@@ -272,6 +306,7 @@ class VLLMBackend(BaseBackend):
                 seed=params.seed,
                 logprobs=0 if params.logprobs else None,
                 output_kind=RequestOutputKind.FINAL_ONLY,
+                **optional,
             )
         except (ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm refused the sampling parameters: {exc}") from exc
@@ -304,6 +339,7 @@ class VLLMBackend(BaseBackend):
         """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
         self._check_open(request.request_id)
         params = request.params
+        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
         prompt_ids = self._prompt_ids(request)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
@@ -393,11 +429,25 @@ class VLLMBackend(BaseBackend):
 
     # -- lifetime ------------------------------------------------------------------------------------
 
+    async def aclose(self) -> None:
+        """Stop the engine and its processes; other calls, concurrent or later, wait until that has ended.
+
+        Runs on the shared loop whichever loop awaits it (the engine's sockets and tasks live there), and the
+        blocking part (joining processes) runs in a thread, so other backends on that loop go on meanwhile.
+        """
+        await get_loop_manager().arun(self._close_once())
+
+    async def _close_once(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(super().aclose())
+        # Shielded: a caller that gives up waiting does not cut the clean-up short for the others.
+        await asyncio.shield(self._closing)
+
     async def _aclose(self) -> None:
         # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
         engine, self._engine = self._engine, None
         if engine is not None:
-            shutdown_engine(engine)
+            await stop_engine(engine)
             # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
             # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
             del engine

@@ -4,7 +4,7 @@ It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
 status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
 latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
-connections and hangs; counters record attempts per input and the peak of requests in flight; with
+connections and hangs; counters record attempts and answers per input and the peak of requests in flight; with
 ``check_schema`` every request and response is validated against the OpenAPI spec and any violation kept
 in `schema_violations`.
 
@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..adapters._minimal_match import NoMatchError
 from . import openapi
 from ._serve import serve
 from .fake_tgi_model import FakeModel, Generation
@@ -67,10 +68,16 @@ class FakeTGIServer:
         retry_after: A ``Retry-After`` header value for 429s (TGI sends none; proxies do).
         ready_after: Seconds after start during which ``GET /health`` answers 503.
         legacy_info: Report ``max_input_length`` in ``/info`` as TGI < 2.0 did, not ``max_input_tokens``.
+        model_id: The ``model_id`` ``/info`` reports (the fake model's own by default); change the
+            attribute to play a server redeployed with another model at the same URL.
+        model_sha: The ``model_sha`` ``/info`` reports (the revision served).
+        info_latency: Seconds ``GET /info`` takes before it answers.
         check_schema: Validate every exchange against the OpenAPI spec (violations in `schema_violations`).
-        record: Keep every request body in `received` (path, body); `authorization` counts the
-            ``Authorization`` header values seen either way.
+        record: Keep every request body in `received` (path, body) and its headers in `headers_received`;
+            `authorization` counts the ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
+        concurrency: Most generations served at once; the others queue for a slot, each taking
+            ``latency`` once served (a server-bound engine). ``None``: no limit.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
     """
@@ -91,9 +98,13 @@ class FakeTGIServer:
         retry_after: str | None = None,
         ready_after: float = 0.0,
         legacy_info: bool = False,
+        model_id: str | None = None,
+        model_sha: str | None = None,
+        info_latency: float = 0.0,
         check_schema: bool = True,
         record: bool = True,
         seed: int = 0,
+        concurrency: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -105,12 +116,19 @@ class FakeTGIServer:
         self.check_schema, self.record = check_schema, record
         self.host, self.port = host, port
         self.model = FakeModel()
+        self.model_id = model_id or self.model.model_id
+        self.model_sha = model_sha
+        self.info_latency = info_latency
+        self.concurrency = concurrency
+        self._slots: asyncio.Semaphore | None = None
         self.healthy = True
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()  # inputs answered 200, by input
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
+        self.headers_received: list[dict[str, str]] = []
         self.authorization: Counter[str | None] = Counter()
         self.schema_violations: list[str] = []
         self.in_flight = 0
@@ -145,6 +163,7 @@ class FakeTGIServer:
     async def start(self) -> FakeTGIServer:
         """Start listening; `url` is valid afterwards."""
         self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         self._runner, self.port = await serve(self.app(), self.host, self.port)
         self._started = time.monotonic()
         return self
@@ -190,6 +209,7 @@ class FakeTGIServer:
         body = parse_body(request.headers.get("Content-Type", ""), raw, self.limits.payload_limit)
         if self.record:
             self.received.append((path, body))
+            self.headers_received.append(dict(request.headers))
         if self.check_schema:
             self.schema_violations.extend(f"request {path}: {e}" for e in openapi.request_errors(path, body))
         return body
@@ -208,9 +228,12 @@ class FakeTGIServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                return await run(body, key)
+                response = await run(body, key)
             finally:
                 self.in_flight -= 1
+            if getattr(response, "status", None) == 200:
+                self.answered[key] += 1
+            return response
         except WireError as err:
             headers = {"Retry-After": self.retry_after} if err.status == 429 and self.retry_after else None
             return self._error(path, err, headers)
@@ -244,7 +267,10 @@ class FakeTGIServer:
         if failure == 503:
             raise WireError(503, "503 Service Unavailable (injected by a proxy)", text=True)
         delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
-        if delay:
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(delay)
+        elif delay:
             await asyncio.sleep(delay)
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
@@ -252,6 +278,12 @@ class FakeTGIServer:
         return _validate(body["inputs"], params, self.limits, self.model.num_tokens, stream=stream)
 
     def _run_model(self, req: ValidRequest, seed: int | None = None) -> Generation:
+        try:
+            return self._generate_text(req, seed)
+        except NoMatchError as exc:  # TGI fails such a grammar in the model server, after validation
+            raise WireError.json_error(424, f"Request failed during generation: {exc}", "generation") from exc
+
+    def _generate_text(self, req: ValidRequest, seed: int | None) -> Generation:
         return self.model.generate(
             req.inputs,
             max_new_tokens=req.max_new_tokens,
@@ -259,6 +291,7 @@ class FakeTGIServer:
             seed=req.seed if seed is None else seed,
             stop=req.stop,
             truncate=req.truncate,
+            grammar=req.grammar,
         )
 
     async def _one_generation(
@@ -350,7 +383,7 @@ class FakeTGIServer:
         async def run(body: Any, key: str) -> web.StreamResponse:
             started = time.monotonic()
             req, gen, _ = await self._one_generation(request, chat_to_generate(body), key)
-            response = chat_json(self.model.model_id, req, gen, logprobs=bool(body.get("logprobs")))
+            response = chat_json(self.model_id, req, gen, logprobs=bool(body.get("logprobs")))
             return self._reply("/v1/chat/completions", 200, response, timing_headers(req, gen, started))
 
         result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)
@@ -358,7 +391,9 @@ class FakeTGIServer:
 
     async def _info(self, request: web.Request) -> web.StreamResponse:
         self.paths["/info"] += 1
-        info = info_json(self.model.model_id, self.limits, legacy=self.legacy_info)
+        if self.info_latency:
+            await asyncio.sleep(self.info_latency)
+        info = info_json(self.model_id, self.limits, legacy=self.legacy_info, model_sha=self.model_sha)
         return self._reply("/info", 200, info)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:

@@ -3,7 +3,8 @@
 Tokenisation: a BOS token (id 1, ``<s>``) then one token per character, id = code point + 3 (ids 0-2 are
 the special ``<unk>``, ``<s>``, ``</s>``). Greedy generation echoes the input's characters, then emits EOS
 (``</s>``, special, no text). Sampling shuffles the input's characters with a generator seeded by the
-request's seed (a random one when none is given, as TGI does). Every token's logprob is a fixed function
+request's seed (a random one when none is given, as TGI does). Under a grammar the generated text is the
+shortest one that satisfies it (`_minimal_match`), then EOS. Every token's logprob is a fixed function
 of the previous character and the token, so a test can compute any prefill or generated logprob itself
 with `token_logprob`.
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapters._minimal_match import minimal_json, minimal_regex_match
 
 __all__ = ["BOS_ID", "EOS_ID", "FakeModel", "Generation", "TokenInfo", "token_logprob"]
 
@@ -90,13 +94,21 @@ class FakeModel:
         seed: int | None,
         stop: list[str],
         truncate: int | None = None,
+        grammar: tuple[str, Any] | None = None,
     ) -> Generation:
-        """Echo (greedy) or a seeded shuffle (sampling) of ``text``'s characters, then EOS."""
+        """Echo (greedy) or a seeded shuffle (sampling) of ``text``'s characters, then EOS.
+
+        Raises:
+            NoMatchError: ``grammar`` (``("regex", pattern)`` or ``("json", schema)``) defeats the generator.
+        """
         if truncate is not None and truncate < len(text):
             text = text[len(text) - truncate :]  # TGI truncates from the left
         chars = list(text)
         used_seed: int | None = None
-        if do_sample:
+        if grammar is not None:
+            kind, value = grammar
+            chars = list(minimal_regex_match(value) if kind == "regex" else minimal_json(value))
+        elif do_sample:
             used_seed = seed if seed is not None else random.getrandbits(63)
             random.Random(used_seed).shuffle(chars)
         out = Generation("", seed=used_seed)

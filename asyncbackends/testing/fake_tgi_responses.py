@@ -103,11 +103,11 @@ def chat_json(model_id: str, req: ValidRequest, gen: Generation, *, logprobs: bo
     }
 
 
-def info_json(model_id: str, limits: Limits, *, legacy: bool) -> dict[str, Any]:
+def info_json(model_id: str, limits: Limits, *, legacy: bool, model_sha: str | None = None) -> dict[str, Any]:
     """``GET /info``; ``legacy`` answers as TGI 1.x did (``max_input_length``, not ``max_input_tokens``)."""
     info: dict[str, Any] = {
         "model_id": model_id,
-        "model_sha": None,
+        "model_sha": model_sha,
         "model_pipeline_tag": "text-generation",
         "max_concurrent_requests": limits.max_concurrent_requests,
         "max_best_of": limits.max_best_of,

@@ -4,6 +4,11 @@ Two stages, like the router: the body is first deserialised (axum's ``Json`` ext
 type is a plain-text 415, malformed JSON a plain-text 400, a wrong field type a plain-text 422), then
 validated (`ValidationError`: a JSON 422 ``{"error": "Input validation error: ...", "error_type":
 "validation"}``), in the router's order and with its messages.
+
+``grammar`` (``GrammarType``, serde-tagged by ``type``: ``json``, ``regex`` or ``json_schema``) is checked
+as the router does after the length checks: grammar support switched off is ``grammar is not supported``; a
+JSON grammar given as a string must parse, must be a valid Draft 2020-12 schema and must have
+``properties``, each failure ``grammar is not valid: ...``; a regex is passed on unchecked.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Limits:
     max_top_n_tokens: int = 5
     max_concurrent_requests: int = 128
     payload_limit: int = 2_000_000
+    grammar_support: bool = True
 
 
 class WireError(Exception):
@@ -63,7 +69,27 @@ _CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
         lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
     ),
     "any": ("any value", lambda v: True),
+    "grammar": ("internally tagged enum GrammarType", lambda v: _grammar_shape(v) is None),
 }
+
+_GRAMMAR_TYPES = ("json", "regex", "json_schema")
+
+
+def _grammar_shape(value: Any) -> str | None:
+    """Why serde would refuse ``value`` as a ``GrammarType`` (``None``: it deserialises)."""
+    if not isinstance(value, dict):
+        return "expected internally tagged enum GrammarType"
+    kind = value.get("type")
+    if kind not in _GRAMMAR_TYPES:
+        return f"unknown variant `{kind}`, expected one of `json`, `regex`, `json_schema`"
+    if "value" not in value:
+        return "missing field `value`"
+    if kind == "regex" and not isinstance(value["value"], str):
+        return "invalid type, expected a string"
+    if kind == "json_schema" and not (isinstance(value["value"], dict) and "schema" in value["value"]):
+        return "missing field `schema`"
+    return None
+
 
 # GenerateParameters' Rust field types; "!" marks a non-Option field (null is a type error there).
 GENERATE_PARAMETERS: dict[str, str] = {
@@ -84,7 +110,7 @@ GENERATE_PARAMETERS: dict[str, str] = {
     "decoder_input_details": "bool!",
     "seed": "uint",
     "top_n_tokens": "uint",
-    "grammar": "any",
+    "grammar": "grammar",
     "adapter_id": "str",
 }
 _DEFAULTS = {
@@ -142,6 +168,8 @@ def deserialize_parameters(body: Any, *, extra: Mapping[str, str] | None = None)
         label, check = _CHECKS[kind.rstrip("!")]
         if value is None and not required:
             continue
+        if kind == "grammar" and value is not None and _grammar_shape(value) is not None:
+            raise _type_error(f"parameters.{name}", str(_grammar_shape(value)))
         if value is None or not check(value):
             raise _type_error(f"parameters.{name}", f"invalid type: {json.dumps(value)}, expected {label}")
         out[name] = value
@@ -164,6 +192,10 @@ class ValidRequest:
     decoder_input_details: bool
     top_n_tokens: int
     return_full_text: bool
+    grammar: tuple[str, Any] | None = None
+    """``("regex", pattern)`` or ``("json", schema)``: the constraint the router hands to the model."""
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 def validate_generate(
@@ -233,6 +265,7 @@ def validate_generate(
         )
     if length > limits.max_input_tokens:
         raise _validation(f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {length}")
+    grammar = _validate_grammar(p.get("grammar"), limits)
     return ValidRequest(
         inputs=inputs,
         input_length=length,
@@ -246,7 +279,38 @@ def validate_generate(
         decoder_input_details=p["decoder_input_details"],
         top_n_tokens=top_n,
         return_full_text=bool(p.get("return_full_text") or False),
+        grammar=grammar,
+        repetition_penalty=p.get("repetition_penalty"),
+        frequency_penalty=p.get("frequency_penalty"),
     )
+
+
+def _validate_grammar(grammar: Any, limits: Limits) -> tuple[str, Any] | None:
+    """The router's grammar checks: support, a JSON schema that parses, is valid and has properties."""
+    if grammar is None:
+        return None
+    if not limits.grammar_support:
+        raise _validation("grammar is not supported")
+    kind, value = grammar["type"], grammar["value"]
+    if kind == "regex":
+        return ("regex", value)
+    if kind == "json_schema":
+        value = value["schema"]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise _validation(f"grammar is not valid: {exc}") from exc
+    if not isinstance(value, dict):
+        raise _validation("grammar is not supported")
+    from jsonschema import Draft202012Validator
+
+    problem = next(iter(Draft202012Validator(Draft202012Validator.META_SCHEMA).iter_errors(value)), None)
+    if problem is not None:
+        raise _validation(f"grammar is not valid: {problem.message}")
+    if "properties" not in value:
+        raise _validation("grammar is not valid: Grammar must have a 'properties' field")
+    return ("json", value)
 
 
 def chat_to_generate(body: Any) -> dict[str, Any]:
@@ -265,7 +329,18 @@ def chat_to_generate(body: Any) -> dict[str, Any]:
     params: dict[str, Any] = {"do_sample": temperature != 0, "stop": body.get("stop") or []}
     if temperature not in (None, 0):
         params["temperature"] = temperature
-    for ours, theirs in (("max_new_tokens", "max_tokens"), ("top_p", "top_p"), ("seed", "seed")):
+    for ours, theirs in (
+        ("max_new_tokens", "max_tokens"),
+        ("top_p", "top_p"),
+        ("seed", "seed"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("grammar", "response_format"),
+    ):
         if body.get(theirs) is not None:
             params[ours] = body[theirs]
+    if body.get("presence_penalty") is not None:
+        if not _CHECKS["float"][1](body["presence_penalty"]):
+            raise _type_error("presence_penalty", "invalid type, expected a float")
+        # What TGI's router does with it: a repetition penalty, not an OpenAI presence penalty.
+        params["repetition_penalty"] = body["presence_penalty"] + 2.0
     return {"inputs": prompt, "parameters": params}

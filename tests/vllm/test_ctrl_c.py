@@ -18,22 +18,37 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, signal, sys, threading
+    import json, os, signal, sys, threading, time
+    import psutil
     import asyncbackends as ab
 
     async def unfinished(backend):
         return backend.engine.get_num_unfinished_requests()
 
+    def engine_cores():
+        return [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+
+    def interrupt_when_in_engine(backend, count):
+        # Ctrl-C once every request is inside the engine: the state the test is about, not a clock guess.
+        while ab.get_loop_manager().run(unfinished(backend)) < count:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
     if __name__ == "__main__":  # the engine core is a spawned process
         model, options = sys.argv[1], json.loads(sys.argv[2])
         backend = ab.create_backend("vllm", model=model, **options)
         long = [ab.GenerationRequest(f"Once upon a time {i}", ab.SamplingParams(max_tokens=480)) for i in range(16)]
-        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        cores = engine_cores()
+        for core in cores:  # a stopped engine core finishes nothing: the requests are running when Ctrl-C comes
+            core.suspend()
+        threading.Thread(target=interrupt_when_in_engine, args=(backend, len(long)), daemon=True).start()
         try:
             ab.run_batch(backend, long)
             print("NOT INTERRUPTED", flush=True)
         except KeyboardInterrupt:
             print("interrupted", ab.get_loop_manager().run(unfinished(backend)), flush=True)
+        for core in cores:
+            core.resume()
         (again,) = ab.run_batch(backend, [ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=3))])
         print("again", len(again.completions[0].token_ids), flush=True)
         backend.close()

@@ -46,6 +46,7 @@ from ._base import GUARD_TEST, ContractBase, contract_tests, expect
 from .generation import GenerationContract
 from .lifecycle import LifecycleContract
 from .runner import parse_option_value, run_contract
+from .sampling import SamplingContract
 from .scoring import LoglikelihoodContract
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "GenerationContract",
     "LifecycleContract",
     "LoglikelihoodContract",
+    "SamplingContract",
     "contract_tests",
     "expect",
     "parse_option_value",
@@ -62,5 +64,5 @@ __all__ = [
 ]
 
 
-class BackendContract(GenerationContract, LoglikelihoodContract, LifecycleContract):
+class BackendContract(GenerationContract, SamplingContract, LoglikelihoodContract, LifecycleContract):
     """The whole contract: subclass it, override the ``backend`` fixture; capabilities pick the tests."""

@@ -88,6 +88,13 @@ class ReverseEchoBackend(ab.BaseBackend):
     async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
         """Answer with the prompt reversed (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
         self._check_open(request.request_id)
+        refused = self.capabilities.unsupported(request.params)
+        if refused:  # never run a request without a setting it asked for
+            raise ab.RequestRejectedError(
+                f"reverse-echo cannot honour {', '.join(refused)}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
         text = self._prompt_text(request)
         completions = [await self._complete(text[::-1], request.params, i) for i in range(request.params.n)]
         return ab.GenerationResult(

