@@ -156,7 +156,7 @@ class EndpointsBackend(BaseBackend):
                     base_url=url + "/v1", api_key=lifecycle.token, model=model, **options
                 )
             else:
-                inner = TGIBackend(url=url, token=lifecycle.token, **options)
+                inner = await TGIBackend.create(url=url, token=lifecycle.token, **options)
         except BaseException:
             if lifecycle.touched and on_close != "keep":
                 await lifecycle.finish(on_close, quiet=True)
@@ -169,13 +169,20 @@ class EndpointsBackend(BaseBackend):
 
     @property
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this backend's outputs: the endpoint and the model it serves (no secret)."""
+        """What decides this backend's outputs, for the response cache (no credential in it).
+
+        The endpoint, its repository and revision, and the model its server reports serving (TGI's
+        ``/info``, an OpenAI server's model list), read before the first request.
+        """
         model = self.raw.get("model") or {}
+        served = {k: v for k, v in self._inner.fingerprint.items() if k not in ("name", "url", "base_url")}
         return {
             "name": self.name,
             "endpoint": f"{self.namespace}/{self.endpoint_name}",
             "repository": model.get("repository"),
             "revision": model.get("revision"),
+            "protocol": self.protocol,
+            "served": served,
         }
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
