@@ -1,8 +1,9 @@
 """`TGIBackend` (name ``tgi``): Hugging Face text-generation-inference over its native HTTP API.
 
-One request per call, like every adapter. Text prompts go to ``POST /generate``, chat prompts to
-``POST /v1/chat/completions``; loglikelihoods read the prefill logprobs of ``/generate`` with
-``decoder_input_details``. `SamplingParams` are mapped the way TGI's router accepts them:
+One request per call, like every adapter; a request may take several HTTP exchanges inside that call (n > 1,
+and loglikelihood's ``/tokenize``), made concurrently and failing together. Text prompts go to
+``POST /generate``, chat prompts to ``POST /v1/chat/completions``; loglikelihoods read the prefill logprobs
+of ``/generate`` with ``decoder_input_details``. `SamplingParams` are mapped as TGI's router accepts them:
 
 - greedy is ``do_sample: false`` with no temperature, top_k or top_p at all: TGI rejects temperature <= 0,
   and its server turns sampling on whenever a warper (top_k, top_p < 1, temperature != 1) is present;
@@ -12,8 +13,9 @@ One request per call, like every adapter. Text prompts go to ``POST /generate``,
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
-``GET /info`` is read once, on first use, so requests TGI would refuse for their length are refused here
-before sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
+``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
+it names keys the response cache, and requests TGI would refuse for their length are refused here before
+sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
 `RateLimitedError`, 503 -> `BackendUnavailableError`, 424 and other 5xx -> retryable `BackendError`.
 """
 
