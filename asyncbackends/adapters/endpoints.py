@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -160,7 +161,7 @@ class EndpointsBackend(BaseBackend):
             raise
         backend = cls(inner, lifecycle, raw=raw, protocol=proto, on_close=on_close)
         if on_close != "keep":
-            _close_at_exit[backend] = loop
+            _close_at_exit[backend] = (loop, os.getpid())
         return backend
 
     def __repr__(self) -> str:
@@ -210,7 +211,8 @@ class EndpointsBackend(BaseBackend):
 
 # Open backends whose on_close does something, with the loop they live on. Held strongly until closed: a
 # backend dropped unclosed still owns an endpoint that costs money, and its on_close must still run at exit.
-_close_at_exit: dict[EndpointsBackend, asyncio.AbstractEventLoop] = {}
+# The pid: a forked child inherits this table, but neither the loop's thread nor the duty to close.
+_close_at_exit: dict[EndpointsBackend, tuple[asyncio.AbstractEventLoop, int]] = {}
 
 
 def _close_open_endpoints_at_exit() -> None:
@@ -220,8 +222,8 @@ def _close_open_endpoints_at_exit() -> None:
     loop's shutdown; ``atexit`` runs hooks last-in first-out, so this runs while the loop still does.
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[EndpointsBackend]] = {}
-    for backend, loop in list(_close_at_exit.items()):
-        if not backend.closed and loop.is_running():
+    for backend, (loop, pid) in list(_close_at_exit.items()):
+        if not backend.closed and pid == os.getpid() and loop.is_running():
             by_loop.setdefault(loop, []).append(backend)
     for loop, backends in by_loop.items():
         budget = max(b._lifecycle.close_timeout for b in backends) + 1.0
