@@ -47,6 +47,8 @@ __all__ = ["TGIBackend", "TGIInfo"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# How long building waits for /info before leaving it to the first request.
+_BUILD_INFO_TIMEOUT = 3.0
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 
 
@@ -162,9 +164,11 @@ class TGIBackend(BaseBackend):
     ) -> TGIBackend:
         """Build the backend and read ``GET /info`` (the model served: the cache key) before any request.
 
-        A server that does not answer yet (still starting) is not an error here: ``/info`` is then read
-        before the first request is sent, and until it is the fingerprint matches no other backend's, so a
-        response cache serves nothing from another model. The arguments are the constructor's.
+        A server that does not answer yet (still starting), or not within 3 s, is not an error here:
+        ``/info`` is then read before the first request is sent, and until it is the fingerprint matches no
+        other backend's, so a response cache serves nothing from another model. (The bound also keeps a
+        blocking ``create_backend`` from waiting on a server served by the calling thread's own loop.) The
+        arguments are the constructor's.
 
         Raises:
             AuthenticationError: The server refused the token.
@@ -180,12 +184,12 @@ class TGIBackend(BaseBackend):
             tokenizer=tokenizer,
         )
         try:
-            await backend.info()
+            await asyncio.wait_for(backend.info(), _BUILD_INFO_TIMEOUT)
         except AuthenticationError:
             await backend.aclose()
             raise
-        except BackendError as exc:
-            log.debug("tgi %s: /info not read at build (%s); read before the first request", backend.url, exc)
+        except (BackendError, TimeoutError) as exc:
+            log.debug("tgi %s: /info not read at build (%r); read before the first request", backend.url, exc)
         except BaseException:
             await backend.aclose()
             raise
