@@ -33,13 +33,13 @@ import json
 import multiprocessing
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from ._cli_observability import add_observability_options, add_report_command, cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .cache import ResponseCache
-from .callbacks import RunCallbacks
 from .errors import AsyncBackendsError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
@@ -255,7 +255,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         metrics = RunMetrics()
         metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
         writer = RecordWriter(sink, requests)
-        callbacks = stack.enter_context(_observed(args, backend, len(requests), metrics))
+        callbacks = stack.enter_context(observed(args, backend, len(requests), metrics))
         try:
             stream_outcomes(
                 backend,
@@ -276,60 +276,6 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             return 130
     sys.stderr.write(metrics.format() + "\n")
     return 1 if metrics.failed else 0
-
-
-@contextlib.contextmanager
-def _observed(
-    args: argparse.Namespace, backend: Any, requests: int, metrics: RunMetrics
-) -> Iterator[RunCallbacks | None]:
-    """The run's ``--metrics-port`` server and ``--metrics-file`` log, open while the run goes."""
-    from .prometheus import MetricsServer
-    from .runlog import RunLog
-
-    with contextlib.ExitStack() as stack:
-        if args.metrics_port is not None:
-            server = MetricsServer(args.metrics_port, args.metrics_host)
-            stack.callback(server.close)
-            sys.stderr.write(f"serving Prometheus metrics on {server.url}\n")
-        if not args.metrics_file:
-            yield None
-            return
-        run_log = RunLog(args.metrics_file, backend, requests)
-        stack.callback(lambda: run_log.close(metrics.summary()))
-        yield run_log.callbacks
-
-
-def _add_observability_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument(
-        "--metrics-file", metavar="RUN.jsonl", help="write the run's events, for `asyncbackends report`"
-    )
-    run.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="serve metrics to Prometheus while the run goes (0: any)",
-    )
-    run.add_argument(
-        "--metrics-host", default="127.0.0.1", help="address for --metrics-port (default loopback)"
-    )
-
-
-def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from .report import write_report
-
-    source = Path(args.run)
-    if not source.exists():
-        raise InvalidRequestError(f"no metrics file at {source}")
-    target = Path(args.output) if args.output else source.with_suffix(".html")
-    write_report(source, target)
-    out.write(f"report: {target}\n")
-    return 0
-
-
-def _add_report_command(sub: Any) -> None:
-    report = sub.add_parser("report", help="an HTML report of a run from its --metrics-file")
-    report.add_argument("run", help="the JSONL file `run --metrics-file` wrote")
-    report.add_argument("--output", help="HTML file to write (default: RUN with .html)")
 
 
 def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
@@ -408,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_observability_options(run)
+    add_observability_options(run)
     run.add_argument(
         "--warm-up",
         action="store_true",
@@ -423,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
     contract.add_argument("name", help="adapter name")
     contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
     contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
-    _add_report_command(sub)
+    add_report_command(sub)
     return parser
 
 
@@ -442,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": _cmd_run,
         "cache": _cmd_cache,
         "contract": _cmd_contract,
-        "report": _cmd_report,
+        "report": cmd_report,
     }
     try:
         return commands[args.command](args, sys.stdout)
