@@ -11,6 +11,7 @@ Importing this package imports no engine: adapters import theirs when they are b
 """
 
 from .cache import ResponseCache
+from .callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -68,14 +69,18 @@ __all__ = [
     "LoopManager",
     "RateLimit",
     "RateLimitedError",
+    "RequestDone",
     "RequestRejectedError",
     "ResponseCache",
+    "RetryEvent",
     "RetryPolicy",
     "RollingLoglikelihoodRequest",
+    "RunCallbacks",
     "RunMetrics",
     "RunOptions",
     "SamplingParams",
     "Secret",
+    "TokenUsage",
     "__version__",
     "acreate_backend",
     "as_completed",

@@ -19,6 +19,7 @@ from ._limits import TokenBucket, estimated_tokens
 from ._tasks import all_or_nothing
 from .cache import ResponseCache, open_cache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
+from .observe import RequestObserver, RunObserver, current_request
 from .options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
 from .protocol import AsyncBackend
 from .types import (
@@ -50,6 +51,8 @@ class Run:
         requests: The requests, in order.
         options: How to send them.
         sink: Called with ``(index, outcome)`` as each request ends.
+        observer: Told what happens to each request (`asyncbackends.observe`); ``None`` when nothing
+            watches, so the hot path pays one check per request.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class Run:
         requests: Sequence[Request],
         options: RunOptions,
         sink: Callable[[int, Outcome], None],
+        observer: RunObserver | None = None,
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
         hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
@@ -83,6 +87,8 @@ class Run:
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
         self.name = getattr(backend, "name", type(backend).__name__)
+        self.observer = observer
+        self.started = 0.0
 
     async def run(self) -> None:
         """Send every request; return when all ended, or raise the first error (the rest cancelled)."""
@@ -108,6 +114,7 @@ class Run:
         if self.metrics is not None:
             self.metrics.requests += len(self.requests)
             self.metrics.started = self.metrics.started or time.perf_counter()
+        self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
         slots = [AttemptClock() for _ in range(min(self.concurrency, len(self.requests)))]
         tasks = []
@@ -129,6 +136,8 @@ class Run:
                 sweeper.cancel()
             if self.metrics is not None:
                 self.metrics.finished = time.perf_counter()
+            if self.observer is not None:
+                self.observer.run_ended()
 
     async def sweep(self, slots: list[AttemptClock]) -> None:
         """Cancel attempts past their deadline.
@@ -148,11 +157,14 @@ class Run:
                     slot.task.cancel()
 
     async def work(self, slot: AttemptClock) -> None:
-        requests, sink, metrics = self.requests, self.sink, self.metrics
+        requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
         for index in self.indices:
             request = requests[index]
-            start = time.perf_counter() if metrics is not None else 0.0
-            outcome = await self.one(request, slot)
+            start = time.perf_counter() if metrics is not None or observer is not None else 0.0
+            if observer is None:
+                outcome = await self.one(request, slot, None)
+            else:
+                outcome = await self.watched(observer, index, request, slot, start - self.started)
             if isinstance(outcome, AsyncBackendsError):
                 if not self.return_exceptions:
                     if self.first_error is None:
@@ -175,6 +187,35 @@ class Run:
                 self.bar.update(1)
                 if isinstance(outcome, AsyncBackendsError):
                     self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
+
+    async def watched(
+        self, observer: RunObserver, index: int, request: Request, slot: AttemptClock, slot_wait: float
+    ) -> Outcome:
+        """`one` with the run's observer told of the request's start and end."""
+        watched = observer.request_started(index, request, slot_wait)
+        token = current_request.set(watched)  # read by observe.note_replica inside the attempt
+        try:
+            outcome = await self.one(request, slot, watched)
+        except BaseException:
+            watched.cancelled()
+            raise
+        finally:
+            current_request.reset(token)
+        watched.done(outcome)
+        return outcome
+
+    async def observed_attempt(
+        self, watched: RequestObserver, method: Any, request: Request, slot: AttemptClock, attempt: int
+    ) -> Result:
+        """`attempt` with the observer told of its start and end."""
+        watched.attempt_started(attempt)
+        try:
+            result = await self.attempt(method, request, slot, attempt)
+        except BaseException as exc:
+            watched.attempt_ended(attempt, exc)
+            raise
+        watched.attempt_ended(attempt, None)
+        return result
 
     async def attempt(self, method: Any, request: Request, slot: AttemptClock, attempt: int) -> Result:
         """One call to the adapter, bounded by the per-attempt timeout.
@@ -203,7 +244,7 @@ class Run:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return result
 
-    async def one(self, request: Request, slot: AttemptClock) -> Outcome:
+    async def one(self, request: Request, slot: AttemptClock, watched: RequestObserver | None) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
         method_name = _METHODS.get(type(request))
         method = getattr(self.backend, method_name, None) if method_name else None
@@ -218,16 +259,26 @@ class Run:
             if cached is not None:
                 if self.metrics is not None:
                     self.metrics.cache_hits += 1
+                if watched is not None:
+                    watched.cache_hit()
                 return cached
         attempt = 1
         while True:
-            if self.rps is not None:
-                await self.rps.take(1)
-            if self.tpm is not None:
-                await self.tpm.take(estimated_tokens(request))
+            if self.rps is not None or self.tpm is not None:
+                waiting = time.perf_counter() if watched is not None else 0.0
+                if self.rps is not None:
+                    await self.rps.take(1)
+                if self.tpm is not None:
+                    await self.tpm.take(estimated_tokens(request))
+                if watched is not None:
+                    watched.rate_waited(time.perf_counter() - waiting)
             error: BackendError
             try:
-                result: Result = await self.attempt(method, request, slot, attempt)
+                result: Result = await (
+                    self.attempt(method, request, slot, attempt)
+                    if watched is None
+                    else self.observed_attempt(watched, method, request, slot, attempt)
+                )
             except InvalidRequestError as exc:
                 return exc
             except BackendError as exc:
@@ -253,5 +304,8 @@ class Run:
             if self.metrics is not None:
                 self.metrics.retries += 1
                 self.metrics.retried_errors[type(error).__name__] += 1
-            await asyncio.sleep(self.retry.delay(attempt, error, self.rng))
+            delay = self.retry.delay(attempt, error, self.rng)
+            if watched is not None:
+                watched.retrying(attempt, error, delay)
+            await asyncio.sleep(delay)
             attempt += 1

@@ -4,6 +4,8 @@
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
 asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
+asyncbackends run ... [--metrics-file RUN.jsonl] [--metrics-port PORT]
+asyncbackends report RUN.jsonl [--output REPORT.html]
 asyncbackends cache stats|clear PATH
 asyncbackends contract NAME [--option k=v ...] [--failing-option k=v ...] [--slot-limit-option NAME]
 ```
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from ._cli_observability import add_observability_options, add_report_command, cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .cache import ResponseCache
 from .errors import AsyncBackendsError, InvalidRequestError
@@ -252,6 +255,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         metrics = RunMetrics()
         metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
         writer = RecordWriter(sink, requests)
+        callbacks = stack.enter_context(observed(args, backend, len(requests), metrics))
         try:
             stream_outcomes(
                 backend,
@@ -264,6 +268,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
                 cache=args.cache,
                 return_exceptions=True,
                 metrics=metrics,
+                callbacks=callbacks,
             )
         except RunInterrupted as interrupted:
             writer.keep_finished(interrupted.late)
@@ -356,6 +361,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_observability_options(run)
     run.add_argument(
         "--warm-up",
         action="store_true",
@@ -382,6 +388,7 @@ def _parser() -> argparse.ArgumentParser:
         help="option sizing the adapter's own pool: max_connections",
     )
     contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
+    add_report_command(sub)
     return parser
 
 
@@ -395,7 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if passed_on and args.command != "contract":
         _parser().error(f"arguments after -- are only for `contract`: {' '.join(passed_on)}")
     args.pytest_args = passed_on
-    commands = {"list": _cmd_list, "run": _cmd_run, "cache": _cmd_cache, "contract": _cmd_contract}
+    commands = {
+        "list": _cmd_list,
+        "run": _cmd_run,
+        "cache": _cmd_cache,
+        "contract": _cmd_contract,
+        "report": cmd_report,
+    }
     try:
         return commands[args.command](args, sys.stdout)
     except (InvalidRequestError, LookupError) as exc:

@@ -16,9 +16,11 @@ from typing import Any, Literal, Never, overload
 
 from ._run import Outcome, Run
 from .cache import ResponseCache
+from .callbacks import RunCallbacks
 from .errors import AsyncBackendsError, InvalidRequestError
 from .loop import get_loop_manager
 from .metrics import RunMetrics
+from .observe import RunObserver, watch
 from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions, refuse_unknown_options
 from .protocol import AsyncBackend
 from .types import Request, Result
@@ -42,13 +44,15 @@ def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
     return requests if isinstance(requests, Sequence) else list(requests)
 
 
-async def _gather_here(backend: AsyncBackend, requests: Sequence[Request], options: RunOptions) -> list[Any]:
+async def _gather_here(
+    backend: AsyncBackend, requests: Sequence[Request], options: RunOptions, observer: RunObserver | None
+) -> list[Any]:
     results: list[Any] = [None] * len(requests)
 
     def store(index: int, outcome: Outcome) -> None:
         results[index] = outcome
 
-    await Run(backend, requests, options, store).run()
+    await Run(backend, requests, options, store, observer).run()
     return results
 
 
@@ -65,6 +69,7 @@ async def gather(
     cache: CacheOption = ...,
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result]: ...
 @overload
 async def gather(
@@ -79,6 +84,7 @@ async def gather(
     cache: CacheOption = ...,
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result | AsyncBackendsError]: ...
 async def gather(
     backend: AsyncBackend,
@@ -92,6 +98,7 @@ async def gather(
     cache: CacheOption = None,
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
+    callbacks: RunCallbacks | None = None,
     **unknown: Never,
 ) -> list[Any]:
     """Send every request to ``backend`` and return one outcome per request, in input order.
@@ -114,6 +121,7 @@ async def gather(
             written as they arrive, so a killed run resumes where it stopped.
         return_exceptions: Return a failed request's error in its place instead of raising.
         metrics: A `RunMetrics` to fill in as the run goes.
+        callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
         **unknown: Refused: any other keyword is a misspelled option (typed ``Never`` so mypy flags it too).
 
     Returns:
@@ -133,9 +141,11 @@ async def gather(
         cache=cache,
         return_exceptions=return_exceptions,
         metrics=metrics,
+        callbacks=callbacks,
     )
     sequence = _as_sequence(requests)
-    return await get_loop_manager().arun(_gather_here(backend, sequence, options))
+    # The observer is made here, in the caller's thread, where the caller's active span is current.
+    return await get_loop_manager().arun(_gather_here(backend, sequence, options, watch(backend, options)))
 
 
 @overload
@@ -151,6 +161,7 @@ def run_batch(
     cache: CacheOption = ...,
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result]: ...
 @overload
 def run_batch(
@@ -165,6 +176,7 @@ def run_batch(
     cache: CacheOption = ...,
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> list[Result | AsyncBackendsError]: ...
 def run_batch(
     backend: AsyncBackend,
@@ -178,6 +190,7 @@ def run_batch(
     cache: CacheOption = None,
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
+    callbacks: RunCallbacks | None = None,
     **unknown: Never,
 ) -> list[Any]:
     """The blocking twin of `gather` for sync code: same arguments, same result.
@@ -199,9 +212,10 @@ def run_batch(
         cache=cache,
         return_exceptions=return_exceptions,
         metrics=metrics,
+        callbacks=callbacks,
     )
     sequence = _as_sequence(requests)
-    return get_loop_manager().run(_gather_here(backend, sequence, options))
+    return get_loop_manager().run(_gather_here(backend, sequence, options, watch(backend, options)))
 
 
 @overload
@@ -217,6 +231,7 @@ def as_completed(
     cache: CacheOption = ...,
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> AsyncIterator[tuple[int, Result]]: ...
 @overload
 def as_completed(
@@ -231,6 +246,7 @@ def as_completed(
     cache: CacheOption = ...,
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
+    callbacks: RunCallbacks | None = ...,
 ) -> AsyncIterator[tuple[int, Result | AsyncBackendsError]]: ...
 async def as_completed(
     backend: AsyncBackend,
@@ -244,6 +260,7 @@ async def as_completed(
     cache: CacheOption = None,
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
+    callbacks: RunCallbacks | None = None,
     **unknown: Never,
 ) -> AsyncIterator[tuple[int, Any]]:
     """Yield ``(index, outcome)`` as each request finishes, whatever the order; same arguments as `gather`.
@@ -265,6 +282,7 @@ async def as_completed(
         cache=cache,
         return_exceptions=return_exceptions,
         metrics=metrics,
+        callbacks=callbacks,
     )
     sequence = _as_sequence(requests)
     manager = get_loop_manager()
@@ -278,7 +296,8 @@ async def as_completed(
         else:
             here.call_soon_threadsafe(queue.put_nowait, (index, outcome))
 
-    task = asyncio.ensure_future(manager.arun(Run(backend, sequence, options, put).run()))
+    run = Run(backend, sequence, options, put, watch(backend, options))
+    task = asyncio.ensure_future(manager.arun(run.run()))
     try:
         for _ in range(len(sequence)):
             if queue.empty():

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .cache import ResponseCache
+from .callbacks import RunCallbacks
 from .errors import InvalidRequestError, RateLimitedError
 from .metrics import RunMetrics
 
@@ -110,6 +111,7 @@ class RunOptions:
         cache: A `ResponseCache` or a path to one (opened when the run starts, closed when it ends).
         return_exceptions: Return a failed request's error in its place instead of raising.
         metrics: A `RunMetrics` to fill in as the run goes.
+        callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
 
     Raises:
         InvalidRequestError: A value of the wrong type or out of range.
@@ -123,6 +125,7 @@ class RunOptions:
     cache: ResponseCache | str | os.PathLike[str] | None = None
     return_exceptions: bool = False
     metrics: RunMetrics | None = None
+    callbacks: RunCallbacks | None = None
 
     def __post_init__(self) -> None:
         concurrency, timeout = self.concurrency, self.timeout
@@ -135,6 +138,7 @@ class RunOptions:
         _check_type("retry", self.retry, RetryPolicy)
         _check_type("rate_limit", self.rate_limit, RateLimit)
         _check_type("metrics", self.metrics, RunMetrics)
+        _check_type("callbacks", self.callbacks, RunCallbacks)
         _check_type("cache", self.cache, (ResponseCache, str, os.PathLike))
         if not isinstance(self.progress, (bool, str)):
             raise InvalidRequestError(f"progress must be a bool or a str, got {type(self.progress).__name__}")

@@ -1,8 +1,10 @@
-"""HTTP plumbing shared by the HTTP adapters (tgi, and later openai and endpoints).
+"""HTTP plumbing shared by the HTTP adapters (tgi, openai, and endpoints through them).
 
 One `HTTPTransport` per backend owns one aiohttp session, created lazily on the loop that first sends
-(the shared loop, since `gather` runs there), with a connection pool sized for the concurrency in use.
-It sends one request and returns status, headers and body; it never retries (`gather` does). The helpers
+(the shared loop, since `gather` runs there). At most ``max_connections`` exchanges run at once; the wait
+for one is taken with `held_slot`, so `gather`'s per-attempt timeout does not count it. Once `aclose`
+starts, every exchange ends in `BackendClosedError` and no session is opened again. A transport sends one
+request and returns status, headers and body; it never retries (`gather` does). The helpers
 below map HTTP statuses, ``Retry-After`` and aiohttp's exceptions onto the library's error tree, so every
 HTTP adapter reports the same failure the same way. Credentials (the bearer token, any header whose name
 suggests a secret, ``user:password@`` in the URL) live in `Secret` values (`_credentials`), are written into

@@ -10,25 +10,22 @@ blocking, so each of its calls runs in a worker thread, never on the shared loop
 Every request carries ``X-Scale-Up-Timeout``: if the endpoint scales to zero mid-run, the Endpoints proxy
 holds the request while it scales back up instead of answering 503. A 503 that still comes back is a
 retryable `BackendUnavailableError`, which `gather` retries. `aclose` pauses, scales to zero or deletes the
-endpoint as ``on_close`` says (and does so too when building fails after the endpoint was started).
+endpoint as ``on_close`` says (and does so too when building fails after the endpoint was started), within
+``close_timeout`` seconds. An endpoint still open when the interpreter exits gets the same: an exit hook of
+this module closes it before the shared loop stops, waiting up to ``close_timeout`` (the loop's own
+shutdown gives a backend 5 s, too little for a delete).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import atexit
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..errors import (
-    AuthenticationError,
-    BackendError,
-    BackendTimeoutError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    RequestRejectedError,
-)
+from ..errors import InvalidRequestError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     GenerationRequest,
@@ -38,16 +35,14 @@ from ..types import (
     RollingLoglikelihoodRequest,
 )
 from ._credentials import resolve_token
-from ._http import HTTPTransport, error_for_status, poll_until_ok
+from ._endpoints_lifecycle import ON_CLOSE, Lifecycle, OnClose
 from .openai import OpenAIBackend
 from .tgi import TGIBackend
 
 __all__ = ["EndpointsBackend"]
 
 log = logging.getLogger(__name__)
-OnClose = Literal["keep", "pause", "scale_to_zero", "delete"]
 WireProtocol = Literal["tgi", "openai"]
-_ON_CLOSE = {"keep": None, "pause": "pause", "scale_to_zero": "scale_to_zero", "delete": "delete"}
 _OPENAI_IMAGES = ("vllm", "sglang", "llamacpp")
 
 
@@ -67,7 +62,7 @@ class EndpointsBackend(BaseBackend):
     def __init__(
         self,
         inner: TGIBackend | OpenAIBackend,
-        lifecycle: _Lifecycle,
+        lifecycle: Lifecycle,
         *,
         raw: Mapping[str, Any],
         protocol: WireProtocol,
@@ -101,6 +96,7 @@ class EndpointsBackend(BaseBackend):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 256,
         max_concurrency: int | None = None,
+        close_timeout: float = 60.0,
     ) -> EndpointsBackend:
         """Find (or create) the endpoint, bring it to ``running``, wait for its health route, and wrap it.
 
@@ -125,6 +121,8 @@ class EndpointsBackend(BaseBackend):
             max_connections: How many HTTP exchanges run at once; the wait for one is not timed by
             `gather`'s per-attempt timeout.
             max_concurrency: The concurrency `gather` uses when given none.
+            close_timeout: Seconds the ``on_close`` action (an Endpoints API call) may take in `aclose`,
+                and at interpreter exit the most the process waits for it before exiting anyway.
 
         Raises:
             InvalidRequestError: An invalid option.
@@ -133,8 +131,8 @@ class EndpointsBackend(BaseBackend):
             BackendUnavailableError: The endpoint failed (its own message is quoted).
             BackendTimeoutError: Not running and healthy within ``wait_timeout``.
         """
-        _check(name, create, on_close, protocol, wait_timeout, poll_interval, scale_up_timeout)
-        lifecycle = _Lifecycle(name, namespace, resolve_token(token), poll_interval)
+        _check(name, create, on_close, protocol, wait_timeout, poll_interval, scale_up_timeout, close_timeout)
+        lifecycle = Lifecycle(name, namespace, resolve_token(token), poll_interval, close_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_timeout
         extra = {**(headers or {}), "X-Scale-Up-Timeout": f"{scale_up_timeout:g}"}
@@ -156,12 +154,15 @@ class EndpointsBackend(BaseBackend):
                     base_url=url + "/v1", api_key=lifecycle.token, model=model, **options
                 )
             else:
-                inner = TGIBackend(url=url, token=lifecycle.token, **options)
+                inner = await TGIBackend.create(url=url, token=lifecycle.token, **options)
         except BaseException:
             if lifecycle.touched and on_close != "keep":
                 await lifecycle.finish(on_close, quiet=True)
             raise
-        return cls(inner, lifecycle, raw=raw, protocol=proto, on_close=on_close)
+        backend = cls(inner, lifecycle, raw=raw, protocol=proto, on_close=on_close)
+        if on_close != "keep":
+            _close_at_exit[backend] = (loop, os.getpid())
+        return backend
 
     def __repr__(self) -> str:
         where = f"{self.namespace}/{self.endpoint_name}"
@@ -169,13 +170,20 @@ class EndpointsBackend(BaseBackend):
 
     @property
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this backend's outputs: the endpoint and the model it serves (no secret)."""
+        """What decides this backend's outputs, for the response cache (no credential in it).
+
+        The endpoint, its repository and revision, and the model its server reports serving (TGI's
+        ``/info``, an OpenAI server's model list), read before the first request.
+        """
         model = self.raw.get("model") or {}
+        served = {k: v for k, v in self._inner.fingerprint.items() if k not in ("name", "url", "base_url")}
         return {
             "name": self.name,
             "endpoint": f"{self.namespace}/{self.endpoint_name}",
             "repository": model.get("repository"),
             "revision": model.get("revision"),
+            "protocol": self.protocol,
+            "served": served,
         }
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -203,137 +211,45 @@ class EndpointsBackend(BaseBackend):
         await self._inner.check_ready()
 
     async def _aclose(self) -> None:
+        _close_at_exit.pop(self, None)
         try:
             await self._inner.aclose()
         finally:
             await self._lifecycle.finish(self.on_close)
 
 
-class _Lifecycle:
-    """huggingface_hub's Inference Endpoints calls for one endpoint, each in a worker thread."""
+# Open backends whose on_close does something, with the loop they live on. Held strongly until closed: a
+# backend dropped unclosed still owns an endpoint that costs money, and its on_close must still run at exit.
+# The pid: a forked child inherits this table, but neither the loop's thread nor the duty to close.
+_close_at_exit: dict[EndpointsBackend, tuple[asyncio.AbstractEventLoop, int]] = {}
 
-    def __init__(self, name: str, namespace: str | None, token: Secret, poll_interval: float) -> None:
-        self.name = name
-        self.namespace = namespace
-        self.token = token
-        self.poll_interval = poll_interval
-        self.touched = False  # whether we created, resumed or woke it (on_close then applies on failure)
 
-    def __repr__(self) -> str:
-        return f"_Lifecycle({self.namespace}/{self.name})"
+def _close_open_endpoints_at_exit() -> None:
+    """Apply ``on_close`` to every endpoint still open, each within its ``close_timeout``.
 
-    async def call(self, method: str, **kwargs: Any) -> Mapping[str, Any]:
-        """Run ``HfApi().<method>(name, namespace=..., token=...)`` in a thread; the endpoint's raw JSON."""
-        from huggingface_hub import HfApi
+    Registered when this module is imported, which is after `asyncbackends.loop` registered the shared
+    loop's shutdown; ``atexit`` runs hooks last-in first-out, so this runs while the loop still does.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[EndpointsBackend]] = {}
+    for backend, (loop, pid) in list(_close_at_exit.items()):
+        if not backend.closed and pid == os.getpid() and loop.is_running():
+            by_loop.setdefault(loop, []).append(backend)
+    for loop, backends in by_loop.items():
+        budget = max(b._lifecycle.close_timeout for b in backends) + 1.0
 
-        token = self.token.get_secret_value() or False
-        fn = functools.partial(
-            getattr(HfApi(), method), self.name, namespace=self.namespace, token=token, **kwargs
-        )
+        async def close_all(backends: list[EndpointsBackend] = backends) -> None:
+            outcomes = await asyncio.gather(*(b.aclose() for b in backends), return_exceptions=True)
+            for backend, outcome in zip(backends, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    log.warning("closing %r at exit: %s", backend, outcome)
+
         try:
-            endpoint = await asyncio.to_thread(fn)
-        except Exception as exc:
-            raise _hub_error(exc, f"{method} {self.namespace or '(your namespace)'}/{self.name}") from exc
-        if endpoint is None:  # delete returns nothing
-            return {}
-        self.namespace = endpoint.namespace
-        return dict(endpoint.raw)
-
-    async def bring_up(
-        self, create: Mapping[str, Any] | None, wait_timeout: float, headers: Mapping[str, str]
-    ) -> Mapping[str, Any]:
-        """Get (or create) the endpoint and wait until it is ``running`` with a URL."""
-        try:
-            raw = await self.call("get_inference_endpoint")
-        except RequestRejectedError as exc:
-            if create is None or "HTTP 404" not in exc.message:
-                raise
-            raw = await self.call("create_inference_endpoint", **create)
-            self.touched = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_timeout
-        resumed = False
-        while True:
-            status = raw.get("status") or {}
-            state, url = status.get("state"), status.get("url")
-            message = status.get("message") or status.get("errorMessage") or "(no message)"
-            if state == "running" and url:
-                return raw
-            if state in ("failed", "updateFailed"):
-                raise BackendUnavailableError(
-                    f"Inference Endpoint {self.namespace}/{self.name} is {state}: {message}",
-                    backend=EndpointsBackend.name,
-                    retryable=False,
-                )
-            if state == "paused" and not resumed:
-                raw, resumed, self.touched = await self.call("resume_inference_endpoint"), True, True
-                continue
-            left = deadline - loop.time()
-            if state == "scaledToZero" and url and left > 0:
-                # The proxy starts a scaled-to-zero endpoint on the first request; this one it holds.
-                self.touched = True
-                await self._request(url, raw.get("healthRoute") or "/", left, headers)
-            elif left <= 0:
-                raise BackendTimeoutError(
-                    f"Inference Endpoint {self.namespace}/{self.name} still {state} after {wait_timeout} s: "
-                    f"{message}",
-                    backend=EndpointsBackend.name,
-                )
-            else:
-                await asyncio.sleep(min(self.poll_interval, left))
-            raw = await self.call("get_inference_endpoint")
-
-    async def _request(self, url: str, path: str, left: float, headers: Mapping[str, str]) -> None:
-        transport = HTTPTransport(url, backend=EndpointsBackend.name, token=self.token, headers=headers)
-        try:
-            await transport.request("GET", path, timeout=left)
-        except BackendError as exc:
-            log.debug("waking %s/%s: %s", self.namespace, self.name, exc)
-        finally:
-            await transport.aclose()
-
-    async def wait_healthy(self, url: str, path: str, timeout: float, headers: Mapping[str, str]) -> None:
-        """Poll the endpoint's health route (through the proxy, with the token) until it answers 200."""
-        transport = HTTPTransport(url, backend=EndpointsBackend.name, token=self.token, headers=headers)
-        try:
-            what = f"Inference Endpoint {self.namespace}/{self.name}"
-            await poll_until_ok(transport, path, timeout=timeout, interval=self.poll_interval, what=what)
-        finally:
-            await transport.aclose()
-
-    async def finish(self, on_close: OnClose, quiet: bool = False) -> None:
-        """Apply ``on_close``; ``quiet`` logs a failure instead of raising it (clean-up after an error)."""
-        action = _ON_CLOSE[on_close]
-        if action is None:
-            return
-        try:
-            await self.call(f"{action}_inference_endpoint")
-        except BackendError as exc:
-            if not quiet:
-                raise
-            log.warning("could not %s Inference Endpoint %s/%s: %s", action, self.namespace, self.name, exc)
+            asyncio.run_coroutine_threadsafe(close_all(), loop).result(budget)
+        except Exception as exc:  # the process is exiting: report, never raise from an exit hook
+            log.warning("closing Inference Endpoints at exit: %s: %s", type(exc).__name__, exc)
 
 
-def _hub_error(exc: Exception, doing: str) -> BackendError | InvalidRequestError:
-    """Map a huggingface_hub / httpx exception to ours (the token never appears in either)."""
-    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
-
-    backend = EndpointsBackend.name
-    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
-        resp = exc.response
-        error = error_for_status(resp.status_code, resp.text, dict(resp.headers), backend=backend)
-        error.message = f"{doing}: {error.message}"
-        error.args = (error.message,)
-        return error
-    if isinstance(exc, LocalTokenNotFoundError):
-        return AuthenticationError(
-            f"{doing}: no Hugging Face token found; pass token= or set HF_TOKEN", backend=backend
-        )
-    if isinstance(exc, ValueError):  # huggingface_hub cannot tell the namespace, or refused an argument
-        return InvalidRequestError(f"{doing}: {exc}")
-    if isinstance(exc, (OSError, TimeoutError)) or type(exc).__module__.startswith("httpx"):
-        return BackendUnavailableError(f"{doing}: {type(exc).__name__}: {exc}", backend=backend)
-    return BackendError(f"{doing}: {type(exc).__name__}: {exc}", backend=backend)
+atexit.register(_close_open_endpoints_at_exit)
 
 
 def _detect_protocol(raw: Mapping[str, Any]) -> WireProtocol:
@@ -359,6 +275,7 @@ def _check(
     wait_timeout: float,
     poll_interval: float,
     scale_up_timeout: float,
+    close_timeout: float,
 ) -> None:
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"name must be the endpoint's name (a non-empty str), got {name!r}")
@@ -368,14 +285,15 @@ def _check(
         clash = {"name", "namespace", "token"} & set(create)
         if clash:
             raise InvalidRequestError(f"create must not hold {sorted(clash)}: pass them as backend options")
-    if on_close not in _ON_CLOSE:
-        raise InvalidRequestError(f"on_close must be one of {list(_ON_CLOSE)}, got {on_close!r}")
+    if on_close not in ON_CLOSE:
+        raise InvalidRequestError(f"on_close must be one of {list(ON_CLOSE)}, got {on_close!r}")
     if protocol not in (None, "tgi", "openai"):
         raise InvalidRequestError(f"protocol must be 'tgi', 'openai' or None, got {protocol!r}")
     for option, value in (
         ("wait_timeout", wait_timeout),
         ("poll_interval", poll_interval),
         ("scale_up_timeout", scale_up_timeout),
+        ("close_timeout", close_timeout),
     ):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
             raise InvalidRequestError(f"{option} must be a number > 0, got {value!r}")

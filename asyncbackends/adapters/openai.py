@@ -117,6 +117,7 @@ class OpenAIBackend(BaseBackend):
         self.model = model
         self.server = server
         self.max_model_len = max_model_len
+        self.model_root: str | None = None  # what the served name points at (vLLM's `root`), where listed
         self._special: tuple[tuple[int, ...], int | None] | None = None  # (BOS prefix, empty-context token)
         self._special_lock: asyncio.Lock | None = None
         self.capabilities = capabilities(server, max_concurrency)
@@ -197,6 +198,8 @@ class OpenAIBackend(BaseBackend):
             model = ids[0]
         self.model = model
         entry = next((e for e in listed if e.get("id") == model), {})
+        root = entry.get("root")
+        self.model_root = root if isinstance(root, str) and root else None
         length = entry.get("max_model_len")
         self.max_model_len = length if isinstance(length, int) and length > 1 else None
         if server == "auto":
@@ -216,8 +219,21 @@ class OpenAIBackend(BaseBackend):
 
     @property
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this backend's outputs for the response cache (no secret)."""
-        return {"name": self.name, "base_url": self.base_url, "model": self.model}
+        """What decides this backend's outputs, for the response cache (no credential in it).
+
+        The server, the model asked for and the model it serves under that name: vLLM lists the model a
+        served name points at as ``root`` (``--served-model-name`` aliases), so a server redeployed with
+        other weights under the same name gets other keys. ``server`` is there because a vLLM server's
+        answers carry more (token ids) than a generic server's. All of it is read by `create`, before the
+        first request.
+        """
+        return {
+            "name": self.name,
+            "base_url": self.base_url,
+            "model": self.model,
+            "model_root": self.model_root,
+            "server": self.server,
+        }
 
     async def check_ready(self) -> None:
         """One ``GET /v1/models``: returns when the server lists its models (a pool's readiness probe).

@@ -1,8 +1,9 @@
 """`TGIBackend` (name ``tgi``): Hugging Face text-generation-inference over its native HTTP API.
 
-One request per call, like every adapter. Text prompts go to ``POST /generate``, chat prompts to
-``POST /v1/chat/completions``; loglikelihoods read the prefill logprobs of ``/generate`` with
-``decoder_input_details``. `SamplingParams` are mapped the way TGI's router accepts them:
+One request per call, like every adapter; a request may take several HTTP exchanges inside that call (n > 1,
+and loglikelihood's ``/tokenize``), made concurrently and failing together. Text prompts go to
+``POST /generate``, chat prompts to ``POST /v1/chat/completions``; loglikelihoods read the prefill logprobs
+of ``/generate`` with ``decoder_input_details``. `SamplingParams` are mapped as TGI's router accepts them:
 
 - greedy is ``do_sample: false`` with no temperature, top_k or top_p at all: TGI rejects temperature <= 0,
   and its server turns sampling on whenever a warper (top_k, top_p < 1, temperature != 1) is present;
@@ -17,20 +18,23 @@ One request per call, like every adapter. Text prompts go to ``POST /generate``,
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
-``GET /info`` is read once, on first use, so requests TGI would refuse for their length are refused here
-before sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
+``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
+it names keys the response cache, and requests TGI would refuse for their length are refused here before
+sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
 `RateLimitedError`, 503 -> `BackendUnavailableError`, 424 and other 5xx -> retryable `BackendError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._tasks import all_or_nothing
-from ..errors import BackendError, InvalidRequestError, RequestRejectedError
+from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     Capabilities,
@@ -48,6 +52,9 @@ from ._scoring import split_trailing_space
 __all__ = ["TGIBackend", "TGIInfo"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+# How long building waits for /info before leaving it to the first request.
+_BUILD_INFO_TIMEOUT = 3.0
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 _NO_TGI = {
     "presence_penalty": "TGI has none (its chat route turns presence_penalty into a repetition penalty)",
@@ -66,6 +73,8 @@ class TGIInfo:
     max_stop_sequences: int | None = None
     max_concurrent_requests: int | None = None
     version: str | None = None
+    model_sha: str | None = None
+    model_dtype: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TGIInfo:
@@ -75,13 +84,19 @@ class TGIInfo:
             value = data.get(key)
             return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return value if isinstance(value, str) else None
+
         return cls(
-            model_id=data.get("model_id") if isinstance(data.get("model_id"), str) else None,
+            model_id=text("model_id"),
+            model_sha=text("model_sha"),
+            model_dtype=text("model_dtype"),
             max_input_tokens=num("max_input_tokens") or num("max_input_length"),
             max_total_tokens=num("max_total_tokens"),
             max_stop_sequences=num("max_stop_sequences"),
             max_concurrent_requests=num("max_concurrent_requests"),
-            version=data.get("version") if isinstance(data.get("version"), str) else None,
+            version=text("version"),
         )
 
 
@@ -130,6 +145,7 @@ class TGIBackend(BaseBackend):
         self.url = self._http.base_url  # without any user:password@ (sent as a masked header instead)
         self._encode = _encoder(tokenizer)
         self._info: TGIInfo | None = None
+        self._unlearned = uuid.uuid4().hex  # the fingerprint's stand-in until /info has answered
         self._info_lock: asyncio.Lock | None = None
         self.capabilities = Capabilities(
             loglikelihood=True,
@@ -149,10 +165,65 @@ class TGIBackend(BaseBackend):
     def __repr__(self) -> str:
         return f"TGIBackend(url={self.url!r})"
 
+    @classmethod
+    async def create(
+        cls,
+        *,
+        url: str,
+        token: str | Secret | bool | None = None,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 256,
+        max_concurrency: int | None = None,
+        tokenizer: Any = None,
+    ) -> TGIBackend:
+        """Build the backend and read ``GET /info`` (the model served: the cache key) before any request.
+
+        A server that does not answer yet (still starting), or not within 3 s, is not an error here:
+        ``/info`` is then read before the first request is sent, and until it is the fingerprint matches no
+        other backend's, so a response cache serves nothing from another model. (The bound also keeps a
+        blocking ``create_backend`` from waiting on a server served by the calling thread's own loop.) The
+        arguments are the constructor's.
+
+        Raises:
+            AuthenticationError: The server refused the token.
+            InvalidRequestError: An invalid option.
+        """
+        backend = cls(
+            url=url,
+            token=token,
+            timeout=timeout,
+            headers=headers,
+            max_connections=max_connections,
+            max_concurrency=max_concurrency,
+            tokenizer=tokenizer,
+        )
+        try:
+            await asyncio.wait_for(backend.info(), _BUILD_INFO_TIMEOUT)
+        except AuthenticationError:
+            await backend.aclose()
+            raise
+        except (BackendError, TimeoutError) as exc:
+            log.debug("tgi %s: /info not read at build (%r); read before the first request", backend.url, exc)
+        except BaseException:
+            await backend.aclose()
+            raise
+        return backend
+
     @property
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this backend's outputs for the response cache: the server URL (no secret)."""
-        return {"name": self.name, "url": self.url}
+        """What decides this backend's outputs, for the response cache: the server and the model it serves.
+
+        The model is ``/info``'s ``model_id``, ``model_sha`` (the revision) and ``model_dtype``, so a server
+        redeployed with another model at the same URL gets other cache keys. Before ``/info`` has answered,
+        a key unique to this backend object stands in (nothing cached for another model can match it). A
+        proxy that hides ``/info`` leaves only the URL to key by. No credential is part of it.
+        """
+        info = self._info
+        if info is None:
+            return {"name": self.name, "url": self.url, "model_id": None, "unlearned": self._unlearned}
+        identity = {"model_id": info.model_id, "model_sha": info.model_sha, "model_dtype": info.model_dtype}
+        return {"name": self.name, "url": self.url, **identity}
 
     async def _aclose(self) -> None:
         await self._http.aclose()
@@ -175,7 +246,7 @@ class TGIBackend(BaseBackend):
         return self._info
 
     async def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5) -> None:
-        """Poll ``GET /health`` until it answers 200.
+        """Poll ``GET /health`` until it answers 200, then read ``GET /info``.
 
         Raises:
             BackendTimeoutError: Not ready within ``timeout`` seconds.
@@ -183,6 +254,7 @@ class TGIBackend(BaseBackend):
         """
         self._check_open()
         await poll_until_ok(self._http, "/health", timeout=timeout, interval=interval, what=self.url)
+        await self.info()  # the model served, for the fingerprint, now that the server answers
 
     async def check_ready(self) -> None:
         """One ``GET /health``: returns when the server answers 200 (a pool's readiness probe).

@@ -97,6 +97,7 @@ class FakeEndpointsAPI:
         token: The only bearer token accepted (``None`` accepts any request).
         startup: (state, seconds) steps a starting endpoint goes through before ``running``.
         user: The user name ``whoami`` reports (the default namespace).
+        action_latency: Seconds each lifecycle call (delete, pause, resume, scale-to-zero) takes to answer.
         host: Address to listen on.
         port: Port; 0 picks a free one.
     """
@@ -108,6 +109,7 @@ class FakeEndpointsAPI:
         token: str | None = None,
         startup: Sequence[tuple[str, float]] = (("pending", 0.05), ("initializing", 0.05)),
         user: str = "tester",
+        action_latency: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -115,6 +117,7 @@ class FakeEndpointsAPI:
         self.token = token
         self.startup = tuple(startup)
         self.user = user
+        self.action_latency = action_latency
         self.host, self.port = host, port
         self.endpoints: dict[tuple[str, str], FakeEndpoint] = {}
         self.created: list[dict[str, Any]] = []  # create payloads, as received
@@ -253,6 +256,8 @@ class FakeEndpointsAPI:
         found = self._find(request)
         if isinstance(found, web.Response):
             return found
+        if self.action_latency:
+            await asyncio.sleep(self.action_latency)
         found.actions.append("delete")
         del self.endpoints[(found.namespace, found.name)]
         return web.json_response({})
@@ -261,6 +266,8 @@ class FakeEndpointsAPI:
         found = self._find(request)
         if isinstance(found, web.Response):
             return found
+        if self.action_latency:
+            await asyncio.sleep(self.action_latency)
         action = request.match_info["action"]
         state = found.advance()
         found.actions.append(action)

@@ -57,6 +57,7 @@ from ..errors import (
     InvalidRequestError,
     RateLimitedError,
 )
+from ..observe import note_replica, replica_state
 from ..types import (
     GenerationRequest,
     LoglikelihoodRequest,
@@ -322,6 +323,8 @@ class Router:
         self._rng = random.Random(seed)
         self._taken_back: asyncio.Future[None] | None = None
         self._closed = False
+        for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
+            replica_state("pool", replica.label, replica.state)
 
     # -- routing -------------------------------------------------------------------------------------
 
@@ -384,6 +387,7 @@ class Router:
             if replica is None:
                 replica = await self._wait_for_replica(request, tried)
             tried.append(replica)
+            note_replica(replica.label)  # the run's observers say which replica served the attempt
             replica.in_flight += 1
             replica.requests += 1
             epoch = replica._epoch
@@ -458,6 +462,7 @@ class Router:
         if isinstance(retry_after, (int, float)) and retry_after > length:
             length = min(self.max_cooldown, float(retry_after))
         replica.state = COOLING
+        replica_state("pool", replica.label, COOLING, HEALTHY)
         replica.cooldowns += 1
         replica.cooled_until = time.monotonic() + length
         replica.last_error = f"{type(exc).__name__}: {exc}"
@@ -466,6 +471,7 @@ class Router:
 
     def refuse(self, replica: Replica, reason: str) -> None:
         """Take ``replica`` out of service for good (it serves another model, say)."""
+        replica_state("pool", replica.label, REFUSED, replica.state)
         replica.state = REFUSED
         replica.last_error = reason
         log.warning("replica %s refused: %s", replica.label, reason)
@@ -492,6 +498,7 @@ class Router:
                 replica.last_error = f"probe: {type(exc).__name__}: {exc}"
                 continue
             replica.state = HEALTHY
+            replica_state("pool", replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)
             self._wake()
