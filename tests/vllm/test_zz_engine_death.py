@@ -14,7 +14,7 @@ import asyncbackends as ab
 
 from ..processes import engine_core_pids
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 async def _unfinished(backend: Any) -> int:

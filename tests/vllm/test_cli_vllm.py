@@ -1,0 +1,45 @@
+"""`asyncbackends run --backend vllm` in a process of its own: stdout carries the results and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..processes import start_group, stop_group
+from .conftest import ENGINE_OPTIONS
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).parents[2]
+DEMO = ROOT / "examples" / "demo.jsonl"
+
+
+def test_stdout_is_valid_jsonl_with_a_real_engine(tiny_model: str) -> None:
+    options = [f"--option=model={tiny_model}"]
+    options += [f"--option={key}={json.dumps(value)}" for key, value in ENGINE_OPTIONS.items()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = start_group(
+        [sys.executable, "-m", "asyncbackends", "run", str(DEMO), "--backend", "vllm", *options, "--warm-up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        out, err = proc.communicate(timeout=1100)
+    finally:
+        stop_group(proc)
+    stderr = err.decode()
+    assert proc.returncode == 0, stderr[-3000:]
+    records = [json.loads(line) for line in out.decode().splitlines()]  # every stdout line is a record
+    inputs = DEMO.read_text().splitlines()
+    assert [r["index"] for r in records] == list(range(len(inputs)))
+    assert all("result" in r for r in records), records
+    assert "INFO" in stderr  # vLLM's logs (the engine core's too) went to stderr
+    assert f"requests: {len(inputs)} " in stderr  # the summary counts the run, not the warm-up
+    assert "Traceback" not in stderr and "force killing" not in stderr
