@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import json
 import multiprocessing
@@ -36,7 +37,7 @@ from typing import Any, NoReturn, TextIO
 
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .cache import ResponseCache
-from .errors import AsyncBackendsError, InvalidRequestError
+from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
 from .metrics import RunMetrics
@@ -285,6 +286,8 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
+    if importlib.util.find_spec("pytest") is None:
+        raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
     from .testing.contract import run_contract
 
     return run_contract(args.name, parse_options(args.option), list(args.pytest_args))

@@ -22,6 +22,7 @@ In its own process (benchmarks): ``python -m asyncbackends.testing.fake_tgi --la
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import random
 import time
@@ -30,6 +31,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+# Every request and response is checked against TGI's OpenAPI schema, which needs jsonschema: without it,
+# fail here with the install command, not with an HTTP 500 on the first request.
+if importlib.util.find_spec("jsonschema") is None:
+    raise ModuleNotFoundError(
+        "the look-alike TGI server checks requests against TGI's OpenAPI schema and needs jsonschema: "
+        "pip install 'asyncbackends[testing]'",
+        name="jsonschema",
+    )
 
 from . import openapi
 from ._serve import serve
