@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,43 @@ def test_stdout_is_valid_jsonl_with_a_real_engine(tiny_model: str) -> None:
     assert "INFO" in stderr  # vLLM's logs (the engine core's too) went to stderr
     assert f"requests: {len(inputs)} " in stderr  # the summary counts the run, not the warm-up
     assert "Traceback" not in stderr and "force killing" not in stderr
+
+
+def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(tiny_model: str) -> None:
+    import psutil
+
+    options = [f"--option=model={tiny_model}"]
+    options += [f"--option={key}={json.dumps(value)}" for key, value in ENGINE_OPTIONS.items()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = start_group(
+        [sys.executable, "-m", "asyncbackends", "run", str(DEMO), "--backend", "vllm", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        cli = psutil.Process(proc.pid)
+
+        def engine_cores() -> list[psutil.Process]:
+            found = []
+            for child in cli.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
+                        found.append(child)
+            return found
+
+        deadline = time.monotonic() + 900
+        while not (cores := engine_cores()):  # the engine is starting: its core process exists
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop_group(proc)
+    stderr = err.decode()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "asyncbackends run: interrupted while the backend was starting: nothing was sent\n" in stderr
+    assert "FATAL" not in stderr and "Traceback" not in stderr
+    assert out == b""
+    assert not any(core.is_running() and core.status() != psutil.STATUS_ZOMBIE for core in cores)

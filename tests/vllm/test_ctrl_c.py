@@ -38,6 +38,9 @@ SCRIPT = textwrap.dedent(
         model, options = sys.argv[1], json.loads(sys.argv[2])
         backend = ab.create_backend("vllm", model=model, **options)
         long = [ab.GenerationRequest(f"Once upon a time {i}", ab.SamplingParams(max_tokens=480)) for i in range(16)]
+        # One request first: vLLM asks the engine core once, on the first request, which tasks it supports;
+        # asked of a stopped core, that question would never be answered.
+        ab.run_batch(backend, [ab.GenerationRequest("warm", ab.SamplingParams(max_tokens=1))])
         cores = engine_cores()
         for core in cores:  # a stopped engine core finishes nothing: the requests are running when Ctrl-C comes
             core.suspend()
