@@ -48,16 +48,20 @@ def test_stdout_is_valid_jsonl_with_a_real_engine(tiny_model: str) -> None:
     assert "Traceback" not in stderr and "force killing" not in stderr
 
 
-def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(tiny_model: str) -> None:
+def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(
+    tiny_model: str, tmp_path: Path
+) -> None:
     import psutil
 
     options = [f"--option=model={tiny_model}"]
     options += [f"--option={key}={json.dumps(value)}" for key, value in ENGINE_OPTIONS.items()]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # stderr to a file: nobody reads a pipe while the engine starts, and a full pipe would stall its logs.
+    log = (tmp_path / "stderr.txt").open("wb")
     proc = start_group(
         [sys.executable, "-m", "asyncbackends", "run", str(DEMO), "--backend", "vllm", *options],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env=env,
         cwd=ROOT,
     )
@@ -77,10 +81,11 @@ def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(tiny_model
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=120)
     finally:
         stop_group(proc)
-    stderr = err.decode()
+        log.close()
+    stderr = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 130, stderr[-3000:]
     assert "asyncbackends run: interrupted while the backend was starting: nothing was sent\n" in stderr
     assert "FATAL" not in stderr and "Traceback" not in stderr
