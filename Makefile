@@ -32,8 +32,10 @@ demo: $(STAMP)
 	@MODEL=$$($(PY) -m asyncbackends.testing.tiny_model) && \
 	echo "tiny model: $$MODEL" && \
 	$(VENV)/bin/asyncbackends run examples/demo.jsonl --backend vllm --option model=$$MODEL $(DEMO_OPTIONS) \
-		--output demo-results.jsonl && \
-	echo "results: demo-results.jsonl" && head -c 600 demo-results.jsonl && echo
+		--warm-up --output demo-results.jsonl && \
+	echo "results: demo-results.jsonl" && head -c 600 demo-results.jsonl && echo && \
+	echo "The tiny model has random weights: its text is gibberish. The run shows the plumbing (one engine," && \
+	echo "one loop, every record in order); the metrics above leave out the warm-up request."
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asyncbackends tests benchmarks examples

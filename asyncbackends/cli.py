@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import json
 import multiprocessing
@@ -40,7 +41,7 @@ from typing import Any, NoReturn, TextIO
 from ._cli_observability import add_observability_options, add_report_command, cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .cache import ResponseCache
-from .errors import AsyncBackendsError, InvalidRequestError
+from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
 from .metrics import RunMetrics
@@ -294,6 +295,8 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
+    if importlib.util.find_spec("pytest") is None:
+        raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
     from .testing.contract import run_contract
 
     failing = parse_options(args.failing_option) if args.failing_option else None

@@ -22,6 +22,7 @@ In its own process (benchmarks): ``python -m asyncbackends.testing.fake_tgi --la
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import random
 import time
@@ -32,6 +33,16 @@ from typing import Any
 from aiohttp import web
 
 from ..adapters._minimal_match import NoMatchError
+
+# Every request and response is checked against TGI's OpenAPI schema, which needs jsonschema: without it,
+# fail here with the install command, not with an HTTP 500 on the first request.
+if importlib.util.find_spec("jsonschema") is None:
+    raise ModuleNotFoundError(
+        "the look-alike TGI server checks requests against TGI's OpenAPI schema and needs jsonschema: "
+        "pip install 'asyncbackends[testing]'",
+        name="jsonschema",
+    )
+
 from . import openapi
 from ._serve import serve
 from .fake_tgi_model import FakeModel, Generation

@@ -14,7 +14,7 @@ import asyncbackends as ab
 
 from ..processes import engine_core_pids
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 async def _unfinished(backend: Any) -> int:
@@ -39,6 +39,9 @@ def test_killed_engine_fails_pending_requests_then_close(make_backend: Any, back
     try:
         pids = [pid for pid in engine_core_pids() if pid not in before]
         assert pids, "the new engine's core process was not found"
+        # One request first: vLLM asks the engine core once, on the first request, which tasks it supports;
+        # asked of a stopped core, that question would never be answered.
+        ab.run_batch(doomed, [ab.GenerationRequest("warm", ab.SamplingParams(max_tokens=1))])
         # A stopped engine core cannot finish anything: the requests are pending by construction when it is
         # killed, however fast or slow the machine is.
         for pid in pids:
