@@ -1,4 +1,4 @@
-"""Replica-pool scaling against TGI look-alikes capped in concurrency: 1, 2 and 4 replicas, and 4 with one killed.
+"""Replica-pool scaling on TGI look-alikes capped in concurrency: 1, 2, 4 replicas, and 4 with one killed.
 
 Each look-alike runs in its own process and is server-bound: it serves ``--slots`` generations at a time
 (16 by default), each taking ``--latency`` seconds (100 ms), and queues the rest, so one replica gives at most
@@ -127,7 +127,8 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        print(json.dumps(child(json.loads(args.child), args.requests, args.slots, args.concurrency, args.kill_pid)))
+        urls = json.loads(args.child)
+        print(json.dumps(child(urls, args.requests, args.slots, args.concurrency, args.kill_pid)))
         return
 
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.only}
