@@ -26,9 +26,9 @@ What the router does with one attempt (`Router.call`):
   another replica is healthy, so `gather`'s retry goes elsewhere. With no healthy replica, an attempt waits
   up to ``wait`` seconds for one to be taken back before failing with `BackendUnavailableError`.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
-  replica (rendezvous hashing of that prefix), so its prefix cache serves them, unless it holds more than
-  ``affinity_slack`` times its fair share of the requests in flight (consistent hashing with bounded
-  loads); then the next replica in the prefix's order takes it.
+  replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
+  its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
+  in flight (consistent hashing with bounded loads); otherwise the next replica in the prefix's order.
 
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`,
 the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
@@ -276,8 +276,8 @@ class Router:
             checks the model it serves): raising `InvalidRequestError` refuses the replica for good, any
             other exception counts as a failed probe.
         affinity_chars: Characters of the prompt that decide its replica under affinity routing.
-        affinity_slack: Under affinity routing, a replica takes a request while it holds fewer than this
-            times its share (by capacity) of the requests in flight.
+        affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
+            takes a request while it holds fewer than this times its share of the requests in flight.
         seed: Seed of the tie-breaking and sampling generator.
 
     Raises:
@@ -359,6 +359,8 @@ class Router:
         total = sum(r.in_flight for r in candidates) + 1
         weights = sum(r.weight for r in candidates)
         for replica in sorted(candidates, key=rank, reverse=True):
+            if replica.capacity is not None and replica.in_flight < replica.capacity:
+                return replica  # room to spare: keeping the prefix here costs no throughput
             bound = math.ceil(self.affinity_slack * total * replica.weight / weights)
             if replica.in_flight + 1 <= bound:
                 return replica
