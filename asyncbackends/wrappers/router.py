@@ -13,9 +13,10 @@ router probes with a one-token generation.
 What the router does with one attempt (`Router.call`):
 
 - **Load**: the attempt goes to the healthy replica with the fewest requests in flight relative to its
-  capacity (ties broken at random); with more than `POWER_OF_TWO_ABOVE` candidates, to the less loaded of
-  two drawn at random (power of two choices). A slow replica holds its requests longer, so by Little's law
-  it is sent fewer per second: in-flight counts are the speed signal, no latency estimate is needed.
+  capacity (ties broken at random); with more than `POWER_OF_TWO_ABOVE` candidates, to the less loaded
+  of two drawn at random (power of two choices). A slow replica holds its requests longer,
+  so by Little's law it is sent fewer per second: in-flight counts are the speed signal, no latency
+  estimate is needed.
 - **Health**: a replica fault (refused or dropped connection, 5xx, 429, a timeout, a dead engine) cools the
   replica down at once: it gets no attempt until a background probe (`check_ready`, then the ``verify`` hook
   the owner gives) succeeds after the cool-down. Cool-downs double with each fault in a row (from
@@ -348,6 +349,7 @@ class Router:
             return a if a.load <= b.load else b
         best = min(r.load for r in candidates)
         ties = [r for r in candidates if r.load == best]
+        # At random among equals: a rule such as "the one sent the fewest" would favour a slow replica.
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
 
     def _affine(self, key: bytes, candidates: list[Replica]) -> Replica:
