@@ -118,7 +118,7 @@ async def test_replica_answering_503_gets_few_requests_then_traffic_after_recove
 @pytest.mark.asyncio
 async def test_slow_replica_gets_fewer_requests(make_server: MakeServer) -> None:
     fast = await make_server(latency=0.005)
-    slow = await make_server(latency=0.05)
+    slow = await make_server(latency=0.2)  # 40x: a loaded machine's own delays still leave it far slower
     backend = await make_pool([fast, slow])
     await ab.gather(backend, requests(300), concurrency=8)
     assert generated(slow) * 3 < generated(fast)
@@ -206,3 +206,23 @@ async def test_bad_replicas_are_refused(tmp_path: Path) -> None:
         await ab.acreate_backend("pool", replicas=str(tmp_path / "missing.toml"))
     with pytest.raises(ab.InvalidRequestError, match="routing"):
         await ab.acreate_backend("pool", replicas=[{"backend": "mock"}], routing="random")
+
+
+@pytest.mark.asyncio
+async def test_affinity_keeps_each_prefix_on_one_replica(make_server: MakeServer) -> None:
+    servers = [await make_server(latency=0.002) for _ in range(3)]
+    replicas = [{"backend": "tgi", "url": s.url, "token": False, "capacity": 4} for s in servers]
+    backend = await ab.acreate_backend("pool", replicas=replicas, routing="affinity", affinity_chars=40)
+    assert isinstance(backend, PoolBackend)
+    shots = [f"Task {t}: " + "Q: what is it? A: it is so.\n" * 3 for t in range(6)]
+    reqs = [
+        ab.GenerationRequest(shot + f"Q: question {q}? A:", ab.SamplingParams(max_tokens=2))
+        for q in range(10)
+        for shot in shots
+    ]
+    await ab.gather(backend, reqs, concurrency=3)  # below every replica's capacity: never spilled
+    for shot in shots:
+        holders = [s for s in servers if any(key.startswith(shot) for key in s.answered)]
+        assert len(holders) == 1, "a prefix was spread over replicas"
+    assert sum(1 for s in servers if s.answered) >= 2  # and the prefixes themselves are spread
+    await backend.aclose()
