@@ -38,6 +38,7 @@ capacity = 16
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import tomllib
@@ -45,8 +46,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..adapters._sampling import refuse_unsupported
 from ..cache import backend_fingerprint
-from ..errors import BackendUnavailableError, InvalidRequestError, RequestRejectedError
+from ..errors import (
+    BackendClosedError,
+    BackendError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
 from ..protocol import BaseBackend
 from ..types import (
     Capabilities,
@@ -64,16 +72,9 @@ __all__ = ["PoolBackend", "load_replicas_file", "pool"]
 # Fingerprint keys that say where a replica is, not what it computes: left out of the pool's identity.
 _ADDRESS_KEYS = frozenset({"url", "base_url", "endpoint", "address", "host", "port"})
 _POOL_KEYS = ("capacity", "label")
-_BOOL_CAPABILITIES = (
-    "loglikelihood",
-    "rolling_loglikelihood",
-    "is_greedy",
-    "n_samples",
-    "seed",
-    "chat",
-    "token_ids",
-    "logprobs",
-    "stop",
+# Every yes/no capability, read from the type itself so a flag added to `Capabilities` is pooled too.
+_BOOL_CAPABILITIES = tuple(
+    f.name for f in dataclasses.fields(Capabilities) if isinstance(getattr(Capabilities(), f.name), bool)
 )
 
 
@@ -343,10 +344,25 @@ class PoolBackend(BaseBackend):
                 request_id=request.request_id,
             )
         await self.ready()
-        return await self._router.call(method, request)
+        try:
+            return await self._router.call(method, request)
+        except BackendError as exc:
+            if not self._closed:
+                raise
+            # Closed under the request: whatever the replica said (the router marks a closed replica's error
+            # retryable, to fail over), the pool is gone, so the request ends here, never retried.
+            raise BackendClosedError(
+                "the pool was closed while this request was in flight",
+                backend=self.name,
+                request_id=request.request_id,
+            ) from exc
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """See `AsyncBackend.generate`: one attempt, on the replica the router picks."""
+        # Refused here, not by whichever replica is picked: the pool honours only what every replica does.
+        refuse_unsupported(
+            request.params, self.capabilities, backend=self.name, request_id=request.request_id
+        )
         result: GenerationResult = await self._route("generate", request, True)
         return result
 

@@ -65,14 +65,3 @@ class TestPoolContract(BackendContract):
     @pytest.fixture
     def decode(self) -> Callable[[Sequence[int]], str]:
         return lambda ids: "".join(FakeModel.token_text(i) for i in ids)
-
-    @pytest.mark.xfail(
-        reason="pool: a request in flight when the pool is closed ends in BackendClosedError from its replica, "
-        "but with retryable=True (set for failing over to another replica), so gather would retry it on the "
-        "closed pool; once the pool itself is closed the error must be non-retryable",
-        strict=False,
-    )
-    def test_aclose_ends_requests_in_flight(
-        self, make_backend: Callable[[], ab.AsyncBackend] | None, prompts: Sequence[str]
-    ) -> None:
-        super().test_aclose_ends_requests_in_flight(make_backend, prompts)
