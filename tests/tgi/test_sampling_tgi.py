@@ -44,7 +44,9 @@ def test_capabilities_say_what_tgi_honours() -> None:
 
 
 @pytest.mark.asyncio
-async def test_penalties_are_tgi_fields_and_keep_greedy(server: FakeTGIServer, backend: ab.AsyncBackend) -> None:
+async def test_penalties_are_tgi_fields_and_keep_greedy(
+    server: FakeTGIServer, backend: ab.AsyncBackend
+) -> None:
     result = await one(backend, PROMPT, max_tokens=4, repetition_penalty=1.3, frequency_penalty=-0.5)
     (body,) = sent(server)
     # Penalties are not warpers: greedy stays do_sample false, with no temperature.
@@ -131,7 +133,9 @@ async def test_router_refuses_a_schema_without_properties(
 
 
 @pytest.mark.asyncio
-async def test_router_without_grammar_support_refuses(make_server: MakeServer, make_backend: MakeBackend) -> None:
+async def test_router_without_grammar_support_refuses(
+    make_server: MakeServer, make_backend: MakeBackend
+) -> None:
     server = await make_server(limits=Limits(grammar_support=False))
     backend = await make_backend(server.url)
     with pytest.raises(ab.RequestRejectedError, match="grammar is not supported"):
@@ -173,7 +177,7 @@ async def test_look_alike_chat_presence_penalty_is_a_repetition_penalty(make_ser
     import aiohttp
 
     chat = {"messages": CHAT, "max_tokens": 2, "presence_penalty": -2.5}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(server.url + "/v1/chat/completions", json=chat) as resp:
-            assert resp.status == 422
-            assert "`repetition_penalty` must be strictly positive" in await resp.text()
+    url = server.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as session, session.post(url, json=chat) as resp:
+        assert resp.status == 422
+        assert "`repetition_penalty` must be strictly positive" in await resp.text()
