@@ -35,7 +35,8 @@ class TestMyBackend(BackendContract):
 Fixtures to override (see `ContractBase` for each one's default): ``backend`` (required), ``make_backend``,
 ``failing_backend``, ``rejected_requests``, ``secret``, ``prompts``, ``token_prompt``, ``decode``. Knobs are
 class attributes: ``max_tokens``, ``long_max_tokens``, ``concurrency``, ``cancel_after``, ``cancel_timeout``,
-``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``.
+``request_timeout``, ``score_tolerance``, ``greedy_batch_invariant``, ``structured_max_tokens``,
+``sampling_regex``, ``sampling_json_schema``.
 
 `run_contract` runs the whole suite against any registered adapter (the ``asyncbackends contract`` command).
 """
