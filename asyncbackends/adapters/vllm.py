@@ -270,17 +270,13 @@ class VLLMBackend(BaseBackend):
 
     def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
         # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
-        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams; JSON comes
-        # without free whitespace (as TGI's grammar does), else a weak model can pad it until max_tokens.
+        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace
+        # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
         optional = params.optional_params()
         schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
         try:
-            if schema is not None:
-                optional["structured_outputs"] = StructuredOutputsParams(
-                    json=schema, disable_any_whitespace=True
-                )
-            elif regex is not None:
-                optional["structured_outputs"] = StructuredOutputsParams(regex=regex)
+            if schema is not None or regex is not None:
+                optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)
             return VLLMSamplingParams(
                 n=params.n,
                 temperature=params.temperature,

@@ -115,7 +115,14 @@ def build_backend(model: str, **options: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return ab.create_backend("vllm", model=model, **{**ENGINE_OPTIONS, **options})
+        from vllm.config import StructuredOutputsConfig
+
+        # JSON without free whitespace: the random-weight model would otherwise pad an object with blanks
+        # until max_tokens (test_sampling_vllm.py). It changes nothing else.
+        compact = StructuredOutputsConfig(disable_any_whitespace=True)
+        return ab.create_backend(
+            "vllm", model=model, **{**ENGINE_OPTIONS, "structured_outputs_config": compact, **options}
+        )
 
 
 @pytest.fixture(scope="session")
