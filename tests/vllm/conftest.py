@@ -119,7 +119,7 @@ def build_backend(model: str, **options: Any) -> Any:
 
         # JSON without free whitespace: the random-weight model would otherwise pad an object with blanks
         # until max_tokens (test_sampling_vllm.py). It changes nothing else.
-        compact = StructuredOutputsConfig(disable_any_whitespace=True)
+        compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
         return ab.create_backend(
             "vllm", model=model, **{**ENGINE_OPTIONS, "structured_outputs_config": compact, **options}
         )
