@@ -14,6 +14,9 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
+from asyncbackends.protocol import Secret
+
+from .conftest import API_KEY
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -66,7 +69,9 @@ def test_vllm_extra_fields_reach_the_engine(backend: OpenAIBackend) -> None:
 
 
 def test_same_server_as_generic_refuses_vllm_extras(backend: OpenAIBackend) -> None:
-    generic = OpenAIBackend(base_url=backend.base_url, model=backend.model, server="generic")
+    generic = OpenAIBackend(
+        base_url=backend.base_url, model=backend.model, server="generic", api_key=Secret(API_KEY)
+    )
     try:
         request = ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=4, min_p=0.1))
         with pytest.raises(ab.RequestRejectedError, match="min_p"):
