@@ -2,9 +2,10 @@
 
 Optional sampling parameters: ``presence_penalty`` and ``frequency_penalty`` are OpenAI fields of the same
 names; ``json_schema`` is OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema": {"name",
-"schema", "strict": true}}``. A vLLM server also takes its extra fields ``repetition_penalty``, ``min_p`` and
-``min_tokens``, and structured output as its ``structured_outputs`` ``{"json": schema}`` or ``{"regex": ...}``
-(exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses those four.
+"schema", "strict": true}}``. A vLLM server also takes its extra fields ``repetition_penalty``, ``min_p``
+and ``min_tokens``, and structured output as its ``structured_outputs`` (``{"json": schema}`` or
+``{"regex": ...}``, exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses
+those four.
 
 Pure functions, no I/O. The parsers raise ``KeyError``, ``TypeError``, ``IndexError``, ``ValueError`` or
 ``AttributeError`` on a body that is not what the API promises; the adapter turns those into a

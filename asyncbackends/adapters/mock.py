@@ -200,7 +200,9 @@ class MockBackend(BaseBackend):
             while len(chars) < min_tokens:  # EOS is not allowed yet: the echo goes round again
                 chars += chars[: min_tokens - len(chars)]
             out = "".join(chars[: params.max_tokens])
-            finish = "length" if len(chars) > params.max_tokens else "stop"
+            # EOS may not come before min_tokens: with min_tokens == max_tokens the limit always ends it.
+            limited = len(chars) > params.max_tokens or min_tokens >= max(1, params.max_tokens)
+            finish = "length" if limited else "stop"
             # A stop string ends a completion only once min_tokens are out.
             ends = [out.find(s, max(0, min_tokens - len(s))) for s in params.stop]
             cut = min((i for i in ends if i >= 0), default=-1)

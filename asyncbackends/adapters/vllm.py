@@ -290,7 +290,8 @@ class VLLMBackend(BaseBackend):
 
     def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
         # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
-        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams.
+        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace
+        # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
         optional = params.optional_params()
         schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
         try:

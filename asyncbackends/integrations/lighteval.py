@@ -19,6 +19,8 @@ absolute imports only.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,6 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from asyncbackends.errors import InvalidRequestError
 from asyncbackends.gather import RetryPolicy, run_batch
 from asyncbackends.loop import get_loop_manager
 from asyncbackends.protocol import AsyncBackend
@@ -54,6 +57,27 @@ from asyncbackends.types import (
 __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 
 _DEFAULT_MAX_TOKENS = 256
+log = logging.getLogger(__name__)
+
+# GenerationParameters fields mapped onto SamplingParams by `sampling_params` (lighteval's name: ours).
+_MAPPED = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "stop_tokens": "stop",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_p": "min_p",
+    "response_format": "json_schema",
+}
+# Fields that configure transformers' KV cache, not what is generated: nothing to map, nothing lost.
+_MEMORY_ONLY = frozenset({"num_blocks", "block_size", "cache_implementation"})
+# Fields whose value here asks for nothing (no beam search, no prompt truncation).
+_NO_OP = {"early_stopping": False, "truncate_prompt": False}
 
 
 class AsyncBackendsModelConfig(CustomModelConfig):
@@ -69,6 +93,9 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring).
         max_length: The model's context length, reported to lighteval; ``None`` asks the backend.
         progress: Show a progress bar per batch.
+        ignore_generation_parameters: ``generation_parameters`` fields to drop on purpose (each logged once);
+            any other set field with no equivalent (``length_penalty``, ``early_stopping=True``,
+            ``truncate_prompt=True``) is an error when the model is built.
         model_definition_file_path: Where lighteval's loader finds the model class; this module by default.
     """
 
@@ -81,6 +108,7 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     use_chat_template: bool = False
     max_length: int | None = None
     progress: bool = True
+    ignore_generation_parameters: list[str] = Field(default_factory=list)
 
 
 def _split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
@@ -112,6 +140,7 @@ class AsyncBackendsModel(LightevalModel):
             fields = {**type(self).config_defaults, **config.model_dump(exclude_unset=True)}
             config = config_class(**fields)
         self.config = config
+        _check_generation_parameters(config)
         self._owns_backend = backend is None
         self.backend: AsyncBackend = (
             backend if backend is not None else create_backend(config.backend, **config.backend_options)
@@ -167,9 +196,22 @@ class AsyncBackendsModel(LightevalModel):
 
         ``num_samples > 1`` needs a temperature above 0 in the config's ``generation_parameters``, as with
         lighteval's own vLLM model. With a chat template the task's stop sequences are not sent (the model
-        ends its turn itself), as lighteval's models do.
+        ends its turn itself), as lighteval's models do. Penalties, ``min_p``, ``min_new_tokens`` and
+        ``response_format`` (a JSON Schema) pass through, and so does the task's ``generation_grammar``
+        (``json`` or ``regex``); the backend refuses what it cannot honour.
         """
         generation = self.config.generation_parameters
+        ignored = set(self.config.ignore_generation_parameters)
+        optional = {
+            ours: getattr(generation, theirs)
+            for theirs, ours in _MAPPED.items()
+            if ours in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "min_tokens")
+            and getattr(generation, theirs) is not None
+            and theirs not in ignored
+        }
+        if generation.response_format is not None and "response_format" not in ignored:
+            optional["json_schema"] = _response_format_schema(generation.response_format)
+        optional.update(_grammar(doc))
         stop = [] if self._chat() else list(doc.stop_sequences or [])
         stop += [s for s in generation.stop_tokens or [] if s not in stop]
         temperature = float(generation.temperature or 0.0)
@@ -182,6 +224,7 @@ class AsyncBackendsModel(LightevalModel):
             n=max(1, int(doc.num_samples or 1)),
             seed=generation.seed,
             logprobs=bool(doc.use_logits),
+            **optional,
         )
 
     def _generation_prompt(self, doc: Doc) -> Prompt:
@@ -263,3 +306,57 @@ class AsyncBackendsModel(LightevalModel):
             ModelResponse(input=text, logprobs=[float(r.logprob)], argmax_logits_eq_gold=[bool(r.is_greedy)])
             for text, r in zip(texts, results, strict=True)
         ]
+
+
+def _check_generation_parameters(config: AsyncBackendsModelConfig) -> None:
+    """Refuse, before any request, a generation parameter that would otherwise be dropped in silence."""
+    generation = config.generation_parameters
+    ignored = set(config.ignore_generation_parameters)
+    for name in type(generation).model_fields:
+        value = getattr(generation, name)
+        if value is None or name in _MAPPED or _NO_OP.get(name, object()) == value:
+            continue
+        if name in _MEMORY_ONLY:
+            continue
+        if name in ignored:
+            log.warning(
+                "generation parameter %s=%r ignored, as ignore_generation_parameters asks", name, value
+            )
+            continue
+        raise InvalidRequestError(
+            f"generation parameter {name}={value!r} has no asyncbackends equivalent; to run without it, "
+            f"add {name!r} to the model config's ignore_generation_parameters"
+        )
+    if generation.response_format is not None and "response_format" not in ignored:
+        _response_format_schema(generation.response_format)
+
+
+def _response_format_schema(response_format: str) -> dict[str, Any]:
+    """The JSON Schema of an OpenAI ``response_format`` given as JSON text (lighteval's field is a str)."""
+    try:
+        data = json.loads(response_format)
+    except ValueError as exc:
+        raise InvalidRequestError(f"response_format is not JSON: {exc}") from exc
+    if isinstance(data, dict) and data.get("type") == "json_schema":
+        inner = data.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if isinstance(schema, dict):
+            return schema
+    raise InvalidRequestError(
+        'response_format must be {"type": "json_schema", "json_schema": {"schema": {...}}}; '
+        f"got {response_format!r}"
+    )
+
+
+def _grammar(doc: Doc) -> dict[str, Any]:
+    """The task's ``generation_grammar`` (a TGI grammar type) as ``json_schema`` or ``regex``."""
+    grammar = getattr(doc, "generation_grammar", None)
+    if grammar is None:
+        return {}
+    kind = getattr(grammar, "type", None)
+    value = getattr(grammar, "value", None)
+    if kind == "json":
+        return {"json_schema": json.loads(value) if isinstance(value, str) else value}
+    if kind == "regex":
+        return {"regex": value}
+    raise InvalidRequestError(f"generation_grammar of type {kind!r} has no asyncbackends equivalent")

@@ -29,6 +29,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from ..errors import InvalidRequestError
 from ..gather import RetryPolicy, run_batch
 from ..protocol import AsyncBackend
 from ..registry import create_backend
@@ -50,8 +51,20 @@ log = logging.getLogger(__name__)
 
 # lm-eval passes these to every model's constructor whether or not it asked for them.
 _LM_EVAL_EXTRAS = ("batch_size", "max_batch_size", "device")
-# Generation kwargs mapped to SamplingParams; any other key is logged once and ignored.
+# Generation kwargs mapped to SamplingParams (after lm-eval's normalisation), by lm-eval's name.
 _GEN_KEYS = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k", "seed"})
+_OPTIONAL_KEYS = {
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_p": "min_p",
+    "min_tokens": "min_tokens",
+    "min_new_tokens": "min_tokens",  # transformers' name
+    "json_schema": "json_schema",
+    "regex": "regex",
+}
+# Keys whose value here asks for nothing beyond the default (one beam, one sequence): nothing to map.
+_DEFAULT_VALUES: dict[str, Any] = {"num_beams": 1, "num_return_sequences": 1}
 
 
 def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
@@ -91,6 +104,8 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         progress: Show a progress bar per batch.
         cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.
         max_gen_toks: Tokens generated when a task does not say (lm-eval's default is 256).
+        ignore_gen_kwargs: Generation kwargs to drop on purpose (a list, or names joined by ``|`` in
+            ``--model_args``), each logged once; any other key with no equivalent is an error.
         batch_size: Given by lm-eval; an integer above 1 is the concurrency unless ``concurrency`` is set.
         max_batch_size: Given by lm-eval; ignored.
         device: Given by lm-eval; ignored (the backend decides where it runs).
@@ -107,6 +122,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         progress: bool = True,
         cache: str | None = None,
         max_gen_toks: int = 256,
+        ignore_gen_kwargs: str | Sequence[str] = (),
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
@@ -128,6 +144,8 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         self.progress = bool(progress)
         self.cache = cache
         self.max_gen_toks = int(max_gen_toks)
+        names = ignore_gen_kwargs.split("|") if isinstance(ignore_gen_kwargs, str) else ignore_gen_kwargs
+        self.ignore_gen_kwargs = frozenset(n.strip() for n in names if n.strip())
         self._ignored_gen_keys: set[str] = set()
         self._warned_is_greedy = False
 
@@ -187,12 +205,32 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         """Map lm-eval generation kwargs to `SamplingParams` with lm-eval's own normalisation.
 
         ``until`` becomes ``stop``, ``max_gen_toks`` (or an alias) ``max_tokens``; ``do_sample=False`` means
-        greedy whatever the temperature; ``top_p``, ``top_k`` and ``seed`` pass through.
+        greedy whatever the temperature; ``top_p``, ``top_k`` and ``seed`` pass through, and so do
+        ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_p``, ``min_tokens`` (or
+        ``min_new_tokens``), ``json_schema`` and ``regex`` (the backend refuses those it cannot honour).
+
+        Raises:
+            InvalidRequestError: A key with no equivalent (``num_beams=4``...), unless named in
+                ``ignore_gen_kwargs``: it is never dropped in silence.
         """
         kwargs = dict(normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks))
-        for key in sorted(set(kwargs) - _GEN_KEYS - self._ignored_gen_keys):
-            self._ignored_gen_keys.add(key)
-            log.warning("generation kwarg %r=%r is not supported by asyncbackends: ignored", key, kwargs[key])
+        optional: dict[str, Any] = {}
+        for key in sorted(set(kwargs) - _GEN_KEYS):
+            value = kwargs[key]
+            if key in _OPTIONAL_KEYS:
+                if value is not None:
+                    optional[_OPTIONAL_KEYS[key]] = value
+            elif key in _DEFAULT_VALUES and value == _DEFAULT_VALUES[key]:
+                continue
+            elif key in self.ignore_gen_kwargs:
+                if key not in self._ignored_gen_keys:
+                    self._ignored_gen_keys.add(key)
+                    log.warning("generation kwarg %r=%r ignored, as ignore_gen_kwargs asks", key, value)
+            else:
+                raise InvalidRequestError(
+                    f"generation kwarg {key}={value!r} has no asyncbackends equivalent; to run without it, "
+                    f"pass ignore_gen_kwargs={key} in --model_args (names joined by '|')"
+                )
         until = kwargs.get("until") or []
         stop = tuple(s for s in ([until] if isinstance(until, str) else until) if s)
         temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
@@ -204,6 +242,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             top_k=int(top_k) if top_k and temperature > 0 else None,
             stop=stop,
             seed=None if kwargs.get("seed") is None else int(kwargs["seed"]),
+            **optional,
         )
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:

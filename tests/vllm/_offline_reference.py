@@ -23,6 +23,16 @@ def main() -> None:
     )
     with open(out, "w") as f:
         json.dump([list(o.outputs[0].token_ids) for o in outputs], f)
+    # The optional sampling parameters (tests/vllm/test_sampling_vllm.py): one batch per case.
+    sampled = []
+    for case in request.get("sampling_cases", []):
+        params = SamplingParams(max_tokens=request["sampling_max_tokens"], **case)
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params, use_tqdm=False
+        )
+        sampled.append([list(o.outputs[0].token_ids) for o in outputs])
+    with open(out + ".sampling.json", "w") as f:
+        json.dump(sampled, f)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import asyncbackends as ab
 from asyncbackends.testing.tiny_model import build_tiny_model
 
 from ..processes import start_group, stop_group
+from ._sampling_cases import SAMPLING_CASES, SAMPLING_MAX_TOKENS
 
 # On a CPU the KV cache is carved out of RAM; the default would reserve far more than tests need.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -83,7 +84,9 @@ def _offline_process(
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     work = tmp_path_factory.mktemp("offline")
     prompts = work / "prompts.json"
-    prompts.write_text(json.dumps({"prompts": reference_prompts, "max_tokens": REFERENCE_MAX_TOKENS}))
+    request = {"prompts": reference_prompts, "max_tokens": REFERENCE_MAX_TOKENS}
+    request.update(sampling_cases=SAMPLING_CASES, sampling_max_tokens=SAMPLING_MAX_TOKENS)
+    prompts.write_text(json.dumps(request))
     out = work / "out.json"
     log = (work / "log.txt").open("wb")
     script = Path(__file__).with_name("_offline_reference.py")
@@ -112,7 +115,23 @@ def build_backend(model: str, **options: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return ab.create_backend("vllm", model=model, **{**ENGINE_OPTIONS, **options})
+        from vllm.config import StructuredOutputsConfig
+
+        # JSON without free whitespace: the random-weight model would otherwise pad an object with blanks
+        # until max_tokens (test_sampling_vllm.py). It changes nothing else.
+        compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+        return ab.create_backend(
+            "vllm", model=model, **{**ENGINE_OPTIONS, "structured_outputs_config": compact, **options}
+        )
+
+
+@pytest.fixture(scope="session")
+def offline_sampling(
+    _offline_process: tuple[subprocess.Popen[bytes], Path], offline_greedy: list[list[int]]
+) -> list[list[list[int]]]:
+    """Token ids of `SAMPLING_CASES` from ``LLM.generate``: one list per case, one row per prompt."""
+    _, out = _offline_process
+    return json.loads(Path(str(out) + ".sampling.json").read_text())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

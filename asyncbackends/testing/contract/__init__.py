@@ -37,7 +37,7 @@ Fixtures to override (see `ContractBase` for each one's default): ``backend`` (r
 ``token_prompt``, ``decode``. Knobs are class attributes: ``max_tokens``, ``long_max_tokens``,
 ``concurrency``, ``cancel_after``, ``cancel_timeout``, ``request_timeout``, ``score_tolerance``,
 ``greedy_batch_invariant``, ``loop_stall_threshold``, ``loop_stalls_allowed``, ``varied_samples``,
-``contract_version``.
+``contract_version``, ``structured_max_tokens``, ``sampling_regex``, ``sampling_json_schema``.
 
 `CONTRACT_VERSION` is the suite's version, raised whenever a contract test is added or made stricter. Pin it
 with ``contract_version = N`` on your class: contract tests added after version N then skip (naming their
