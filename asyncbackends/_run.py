@@ -20,24 +20,14 @@ from ._tasks import all_or_nothing
 from .cache import ResponseCache, open_cache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
 from .options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
-from .protocol import AsyncBackend
+from .protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from .types import (
-    GenerationRequest,
     GenerationResult,
-    LoglikelihoodRequest,
     Request,
     Result,
-    RollingLoglikelihoodRequest,
 )
 
 __all__ = ["Outcome", "Run"]
-
-_METHODS: dict[type, str] = {
-    GenerationRequest: "generate",
-    LoglikelihoodRequest: "loglikelihood",
-    RollingLoglikelihoodRequest: "loglikelihood_rolling",
-}
-
 
 Outcome = Result | AsyncBackendsError
 
@@ -60,7 +50,7 @@ class Run:
         sink: Callable[[int, Outcome], None],
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
-        hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
+        hint = backend.capabilities.max_concurrency
         self.concurrency: int = options.concurrency or hint or DEFAULT_CONCURRENCY
         self.retry = options.retry or RetryPolicy()
         self.timeout = options.timeout
@@ -82,7 +72,8 @@ class Run:
         self.indices = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
-        self.name = getattr(backend, "name", type(backend).__name__)
+        self.name = backend.name
+        self.methods: dict[type, BackendMethod | None] = {}  # request type -> bound method, looked up once
 
     async def run(self) -> None:
         """Send every request; return when all ended, or raise the first error (the rest cancelled)."""
@@ -176,7 +167,9 @@ class Run:
                 if isinstance(outcome, AsyncBackendsError):
                     self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
-    async def attempt(self, method: Any, request: Request, slot: AttemptClock, attempt: int) -> Result:
+    async def attempt(
+        self, method: BackendMethod, request: Request, slot: AttemptClock, attempt: int
+    ) -> Result:
         """One call to the adapter, bounded by the per-attempt timeout.
 
         An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
@@ -184,7 +177,7 @@ class Run:
         task's cancellation count is restored, so the next attempt is timed again.
         """
         if self.timeout is None:
-            return await method(request)  # type: ignore[no-any-return]
+            return await method(request)
         slot.start(self.timeout)
         try:
             result: Result = await method(request)
@@ -205,13 +198,17 @@ class Run:
 
     async def one(self, request: Request, slot: AttemptClock) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
-        method_name = _METHODS.get(type(request))
-        method = getattr(self.backend, method_name, None) if method_name else None
+        kind = type(request)
+        try:
+            method = self.methods[kind]
+        except KeyError:
+            method = self.methods[kind] = backend_method(self.backend, kind)
         if method is None:
+            method_name = REQUEST_METHODS.get(kind)
             return InvalidRequestError(
-                f"backend {self.name!r} has no {method_name}() for {type(request).__name__}"
+                f"backend {self.name!r} has no {method_name}() for {kind.__name__}"
                 if method_name
-                else f"not a request: {type(request).__name__}; wrap prompts in ab.GenerationRequest"
+                else f"not a request: {kind.__name__}; wrap prompts in ab.GenerationRequest"
             )
         if self.cache is not None:
             cached = await self.cache.aget(self.backend, request)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequestError
+from .protocol import AsyncBackend, SupportsFingerprint
 from .types import (
     Completion,
     GenerationRequest,
@@ -47,15 +48,15 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-def backend_fingerprint(backend: Any) -> Mapping[str, Any]:
-    """What identifies a backend's outputs: its ``fingerprint`` attribute, else just its name.
+def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
+    """What identifies a backend's outputs: its ``fingerprint`` (`SupportsFingerprint`), else its name.
 
     Adapters whose outputs depend on a model or options expose ``fingerprint`` (a JSON-able mapping, with
     no secret in it); two backends with equal fingerprints must give equal results for equal requests.
     """
-    fingerprint = getattr(backend, "fingerprint", None)
+    fingerprint = backend.fingerprint if isinstance(backend, SupportsFingerprint) else None
     if fingerprint is None:
-        return {"name": getattr(backend, "name", type(backend).__name__)}
+        return {"name": backend.name}
     return dict(fingerprint)
 
 
@@ -124,14 +125,14 @@ class ResponseCache:
             return params.greedy or params.seed is not None or self.cache_unseeded
         return True
 
-    def key(self, backend: Any, request: Request) -> str:
+    def key(self, backend: AsyncBackend, request: Request) -> str:
         """The cache key of ``request`` sent to ``backend`` (a SHA-256 hex digest)."""
         payload = json.dumps(
             [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
         )
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def get(self, backend: Any, request: Request) -> Result | None:
+    def get(self, backend: AsyncBackend, request: Request) -> Result | None:
         """The stored result for ``request``, with its ``request_id`` set to the request's, or ``None``."""
         if not self.cacheable(request):
             return None
@@ -141,12 +142,12 @@ class ResponseCache:
             ).fetchone()
         return None if row is None else _decode(row[0], row[1], request.request_id)
 
-    def put(self, backend: Any, request: Request, result: Result) -> None:
+    def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""
         if not self.cacheable(request):
             return
         kind, value = _encode(result)
-        name = getattr(backend, "name", type(backend).__name__)
+        name = backend.name
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO results (key, kind, backend, value) VALUES (?, ?, ?, ?)",
@@ -155,7 +156,7 @@ class ResponseCache:
 
     # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
     # a hop to a worker thread would.
-    async def aget(self, backend: Any, request: Request) -> Result | None:
+    async def aget(self, backend: AsyncBackend, request: Request) -> Result | None:
         """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss, logged."""
         try:
             return self.get(backend, request)
@@ -163,7 +164,7 @@ class ResponseCache:
             log.warning("response cache %s: read failed, sending the request: %s", self.path, exc)
             return None
 
-    async def aput(self, backend: Any, request: Request, result: Result) -> None:
+    async def aput(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Async form of `put`, as `gather` uses it.
 
         A failed write (disk full, database locked) is logged and the result still goes to the caller; only

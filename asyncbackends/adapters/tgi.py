@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._tasks import all_or_nothing
+from .._text import split_trailing_space
 from ..errors import BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
@@ -43,7 +44,6 @@ from ._http import (
     poll_until_ok,
     resolve_token,
 )
-from ._scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
 

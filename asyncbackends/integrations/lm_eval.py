@@ -29,6 +29,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from .._text import split_trailing_space
 from ..gather import RetryPolicy, run_batch
 from ..protocol import AsyncBackend
 from ..registry import create_backend
@@ -52,19 +53,6 @@ log = logging.getLogger(__name__)
 _LM_EVAL_EXTRAS = ("batch_size", "max_batch_size", "device")
 # Generation kwargs mapped to SamplingParams; any other key is logged once and ignored.
 _GEN_KEYS = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k", "seed"})
-
-
-def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    """Move the context's trailing whitespace to the front of the continuation, as lm-eval's models do.
-
-    Tokenizers attach a leading space to the next word, so ``"is " + "Paris"`` would score an unnatural lone
-    space token while ``"is" + " Paris"`` scores the token the model predicts. Doing it here keeps scores
-    equal to lm-eval's own models whatever the backend does.
-    """
-    stripped = context.rstrip()
-    if len(stripped) == len(context):
-        return context, continuation
-    return stripped, context[len(stripped) :] + continuation
 
 
 def _concurrency(concurrency: int | None, batch_size: Any) -> int | None:
