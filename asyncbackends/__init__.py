@@ -38,9 +38,12 @@ from .types import (
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    Request,
+    Result,
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .wrappers.limited import limited
 
 __version__ = "0.1.0.dev0"
 
@@ -67,8 +70,10 @@ __all__ = [
     "LoopManager",
     "RateLimit",
     "RateLimitedError",
+    "Request",
     "RequestRejectedError",
     "ResponseCache",
+    "Result",
     "RetryPolicy",
     "RollingLoglikelihoodRequest",
     "RunMetrics",
@@ -82,6 +87,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "limited",
     "register_backend",
     "run_batch",
 ]

@@ -211,11 +211,14 @@ class Run:
                 else f"not a request: {kind.__name__}; wrap prompts in ab.GenerationRequest"
             )
         if self.cache is not None:
+            failures = self.cache.read_failures
             cached = await self.cache.aget(self.backend, request)
             if cached is not None:
                 if self.metrics is not None:
                     self.metrics.cache_hits += 1
                 return cached
+            if self.metrics is not None and self.cache.read_failures != failures:
+                self.metrics.cache_read_failures += 1
         attempt = 1
         while True:
             if self.rps is not None:

@@ -48,7 +48,7 @@ def test_the_base_backend_example_passes_mypy_strict(tmp_path: Path) -> None:
     example = tmp_path / "example.py"
     example.write_text(_docstring_example())
     done = subprocess.run(
-        [mypy, "--strict", "--no-incremental", "--follow-imports=silent", str(example)],
+        [mypy, "--strict", "--follow-imports=silent", str(example)],
         capture_output=True,
         text=True,
         cwd=Path(ab.__file__).parent.parent,
