@@ -39,9 +39,12 @@ from .types import (
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    Request,
+    Result,
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .wrappers.limited import limited
 from .wrappers.pool import pool
 
 __version__ = "0.1.0.dev0"
@@ -69,9 +72,11 @@ __all__ = [
     "LoopManager",
     "RateLimit",
     "RateLimitedError",
+    "Request",
     "RequestDone",
     "RequestRejectedError",
     "ResponseCache",
+    "Result",
     "RetryEvent",
     "RetryPolicy",
     "RollingLoglikelihoodRequest",
@@ -88,6 +93,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "limited",
     "pool",
     "register_backend",
     "run_batch",

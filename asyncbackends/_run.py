@@ -21,24 +21,14 @@ from .cache import ResponseCache, open_cache
 from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
 from .observe import RequestObserver, RunObserver, current_request
 from .options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
-from .protocol import AsyncBackend
+from .protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from .types import (
-    GenerationRequest,
     GenerationResult,
-    LoglikelihoodRequest,
     Request,
     Result,
-    RollingLoglikelihoodRequest,
 )
 
 __all__ = ["Outcome", "Run"]
-
-_METHODS: dict[type, str] = {
-    GenerationRequest: "generate",
-    LoglikelihoodRequest: "loglikelihood",
-    RollingLoglikelihoodRequest: "loglikelihood_rolling",
-}
-
 
 Outcome = Result | AsyncBackendsError
 
@@ -64,7 +54,7 @@ class Run:
         observer: RunObserver | None = None,
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
-        hint = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
+        hint = backend.capabilities.max_concurrency
         self.concurrency: int = options.concurrency or hint or DEFAULT_CONCURRENCY
         self.retry = options.retry or RetryPolicy()
         self.timeout = options.timeout
@@ -86,7 +76,8 @@ class Run:
         self.indices = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
-        self.name = getattr(backend, "name", type(backend).__name__)
+        self.name = backend.name
+        self.methods: dict[type, BackendMethod | None] = {}  # request type -> bound method, looked up once
         self.observer = observer
         self.started = 0.0
 
@@ -205,7 +196,12 @@ class Run:
         return outcome
 
     async def observed_attempt(
-        self, watched: RequestObserver, method: Any, request: Request, slot: AttemptClock, attempt: int
+        self,
+        watched: RequestObserver,
+        method: BackendMethod,
+        request: Request,
+        slot: AttemptClock,
+        attempt: int,
     ) -> Result:
         """`attempt` with the observer told of its start and end."""
         watched.attempt_started(attempt)
@@ -217,7 +213,9 @@ class Run:
         watched.attempt_ended(attempt, None)
         return result
 
-    async def attempt(self, method: Any, request: Request, slot: AttemptClock, attempt: int) -> Result:
+    async def attempt(
+        self, method: BackendMethod, request: Request, slot: AttemptClock, attempt: int
+    ) -> Result:
         """One call to the adapter, bounded by the per-attempt timeout.
 
         An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
@@ -225,7 +223,7 @@ class Run:
         task's cancellation count is restored, so the next attempt is timed again.
         """
         if self.timeout is None:
-            return await method(request)  # type: ignore[no-any-return]
+            return await method(request)
         slot.start(self.timeout)
         try:
             result: Result = await method(request)
@@ -246,15 +244,20 @@ class Run:
 
     async def one(self, request: Request, slot: AttemptClock, watched: RequestObserver | None) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
-        method_name = _METHODS.get(type(request))
-        method = getattr(self.backend, method_name, None) if method_name else None
+        kind = type(request)
+        try:
+            method = self.methods[kind]
+        except KeyError:
+            method = self.methods[kind] = backend_method(self.backend, kind)
         if method is None:
+            method_name = REQUEST_METHODS.get(kind)
             return InvalidRequestError(
-                f"backend {self.name!r} has no {method_name}() for {type(request).__name__}"
+                f"backend {self.name!r} has no {method_name}() for {kind.__name__}"
                 if method_name
-                else f"not a request: {type(request).__name__}; wrap prompts in ab.GenerationRequest"
+                else f"not a request: {kind.__name__}; wrap prompts in ab.GenerationRequest"
             )
         if self.cache is not None:
+            failures = self.cache.read_failures
             cached = await self.cache.aget(self.backend, request)
             if cached is not None:
                 if self.metrics is not None:
@@ -262,6 +265,8 @@ class Run:
                 if watched is not None:
                     watched.cache_hit()
                 return cached
+            if self.metrics is not None and self.cache.read_failures != failures:
+                self.metrics.cache_read_failures += 1
         attempt = 1
         while True:
             if self.rps is not None or self.tpm is not None:

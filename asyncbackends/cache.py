@@ -15,14 +15,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+import operator
 import os
 import sqlite3
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequestError
+from .protocol import AsyncBackend, SupportsFingerprint
 from .types import (
     Completion,
     GenerationRequest,
@@ -32,7 +35,7 @@ from .types import (
     Result,
 )
 
-__all__ = ["ResponseCache", "backend_fingerprint", "open_cache"]
+__all__ = ["CacheReadWarning", "ResponseCache", "backend_fingerprint", "open_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +50,15 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-def backend_fingerprint(backend: Any) -> Mapping[str, Any]:
-    """What identifies a backend's outputs: its ``fingerprint`` attribute, else just its name.
+def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
+    """What identifies a backend's outputs: its ``fingerprint`` (`SupportsFingerprint`), else its name.
 
     Adapters whose outputs depend on a model or options expose ``fingerprint`` (a JSON-able mapping, with
     no secret in it); two backends with equal fingerprints must give equal results for equal requests.
     """
-    fingerprint = getattr(backend, "fingerprint", None)
+    fingerprint = backend.fingerprint if isinstance(backend, SupportsFingerprint) else None
     if fingerprint is None:
-        return {"name": getattr(backend, "name", type(backend).__name__)}
+        return {"name": backend.name}
     return dict(fingerprint)
 
 
@@ -66,8 +69,22 @@ def _canonical_request(request: Request) -> dict[str, Any]:
     return data
 
 
+def _jsonable(value: object) -> object:
+    # Engines hand out numpy scalars; the result types accept anything int- or float-like in a tuple.
+    if hasattr(value, "__index__"):
+        return operator.index(value)
+    if hasattr(value, "__float__"):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def _encode(result: Result) -> tuple[str, str]:
-    return type(result).__name__, json.dumps(dataclasses.asdict(result), separators=(",", ":"))
+    data = dataclasses.asdict(result)
+    return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
+
+
+def _tuple(values: Any) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _decode(kind: str, value: str, request_id: str | None) -> Result:
@@ -78,15 +95,25 @@ def _decode(kind: str, value: str, request_id: str | None) -> Result:
             Completion(
                 text=c["text"],
                 token_ids=tuple(c["token_ids"]),
-                logprobs=None if c["logprobs"] is None else tuple(c["logprobs"]),
+                logprobs=_tuple(c["logprobs"]),
                 finish_reason=c["finish_reason"],
             )
             for c in data.pop("completions")
         )
         return GenerationResult(completions=completions, **data)
-    if data.get("token_logprobs") is not None:
-        data["token_logprobs"] = tuple(data["token_logprobs"])
-    return LoglikelihoodResult(**data)
+    if kind == "LoglikelihoodResult":
+        data["token_logprobs"] = _tuple(data.get("token_logprobs"))
+        return LoglikelihoodResult(**data)
+    raise ValueError(f"unknown result kind {kind!r}")
+
+
+class CacheReadWarning(RuntimeWarning):
+    """A stored result could not be read back, so its request is sent again.
+
+    Warned once per cache and cause (the first entry's error named), with the running count in
+    `ResponseCache.read_failures` and in `RunMetrics.cache_read_failures`: a resume that re-sends a whole
+    run shows as such, not as one quiet log line among many.
+    """
 
 
 class ResponseCache:
@@ -113,6 +140,8 @@ class ResponseCache:
         # NORMAL in WAL mode survives a killed process (only a power cut can lose the last commits).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        self.read_failures = 0
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -124,14 +153,14 @@ class ResponseCache:
             return params.greedy or params.seed is not None or self.cache_unseeded
         return True
 
-    def key(self, backend: Any, request: Request) -> str:
+    def key(self, backend: AsyncBackend, request: Request) -> str:
         """The cache key of ``request`` sent to ``backend`` (a SHA-256 hex digest)."""
         payload = json.dumps(
             [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
         )
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def get(self, backend: Any, request: Request) -> Result | None:
+    def get(self, backend: AsyncBackend, request: Request) -> Result | None:
         """The stored result for ``request``, with its ``request_id`` set to the request's, or ``None``."""
         if not self.cacheable(request):
             return None
@@ -141,12 +170,12 @@ class ResponseCache:
             ).fetchone()
         return None if row is None else _decode(row[0], row[1], request.request_id)
 
-    def put(self, backend: Any, request: Request, result: Result) -> None:
+    def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""
         if not self.cacheable(request):
             return
         kind, value = _encode(result)
-        name = getattr(backend, "name", type(backend).__name__)
+        name = backend.name
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO results (key, kind, backend, value) VALUES (?, ?, ?, ?)",
@@ -155,15 +184,31 @@ class ResponseCache:
 
     # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
     # a hop to a worker thread would.
-    async def aget(self, backend: Any, request: Request) -> Result | None:
-        """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss, logged."""
+    async def aget(self, backend: AsyncBackend, request: Request) -> Result | None:
+        """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss.
+
+        Each miss of that kind counts in `read_failures`; the first of each cause warns with
+        `CacheReadWarning` naming it, since it means requests already paid for are sent again.
+        """
         try:
             return self.get(backend, request)
-        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-            log.warning("response cache %s: read failed, sending the request: %s", self.path, exc)
+        except (sqlite3.Error, ValueError, KeyError, TypeError, InvalidRequestError) as exc:
+            self.read_failures += 1
+            cause = f"{type(exc).__name__}: {exc}"
+            log.debug("response cache %s: read failed, sending the request: %s", self.path, cause)
+            if type(exc).__name__ not in self._warned:
+                self._warned.add(type(exc).__name__)
+                warnings.warn(
+                    CacheReadWarning(
+                        f"response cache {self.path}: a stored result could not be read ({cause}); its "
+                        "request is sent again, and so is every other entry failing this way (counted in "
+                        "ResponseCache.read_failures and RunMetrics.cache_read_failures)"
+                    ),
+                    stacklevel=2,
+                )
             return None
 
-    async def aput(self, backend: Any, request: Request, result: Result) -> None:
+    async def aput(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Async form of `put`, as `gather` uses it.
 
         A failed write (disk full, database locked) is logged and the result still goes to the caller; only

@@ -40,6 +40,7 @@ from typing import Any, NoReturn, TextIO
 
 from ._cli_observability import add_observability_options, add_report_command, cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
+from ._parse import parse_option_value, parse_options
 from .cache import ResponseCache
 from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
 from .gather import RetryPolicy, run_batch
@@ -57,37 +58,6 @@ from .types import (
 __all__ = ["main", "parse_option_value", "parse_options", "parse_request"]
 
 _MAX_REPORTED = 20
-
-
-_OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None, "null": None}
-
-
-def parse_option_value(text: str) -> Any:
-    """Read one option value: JSON where it parses, else true/false/none in any case, else the text.
-
-    Examples: ``"8"`` -> ``8``, ``"0.5"`` -> ``0.5``, ``"True"`` -> ``True``, ``"[1, 2]"`` -> ``[1, 2]``,
-    ``'"8"'`` -> ``"8"`` (quote a number to keep it text), ``"float32"`` -> ``"float32"``.
-    """
-    stripped = text.strip()
-    try:
-        return json.loads(stripped)
-    except ValueError:
-        return _OPTION_WORDS.get(stripped.lower(), text)
-
-
-def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` to a dict, values read by `parse_option_value`.
-
-    Raises:
-        InvalidRequestError: An item has no ``=``.
-    """
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidRequestError(f"--option must look like key=value, got {pair!r}")
-        options[key.strip()] = parse_option_value(value)
-    return options
 
 
 def parse_request(record: Any) -> Request:

@@ -61,6 +61,8 @@ class LoopManager:
         self._pid = os.getpid()
         self._stopped = False
         self._backends: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Threads blocked in `run`: released with `LoopError` by `shutdown` if their work never started.
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -153,13 +155,21 @@ class LoopManager:
             raise
         finished = threading.Event()
         future = asyncio.run_coroutine_threadsafe(_signal_when_done(coro, finished), loop)
+        self._waiting.add(future)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            # Nobody but `shutdown` cancels this future or the task behind it (Ctrl-C is handled below).
+            if self._stopped:
+                raise LoopError("the loop manager was shut down while this call was running") from None
+            raise
         except KeyboardInterrupt:
             future.cancel()
             if not finished.wait(_CLEANUP_TIMEOUT):
                 log.warning("work cancelled by Ctrl-C did not finish its clean-up in %ss", _CLEANUP_TIMEOUT)
             raise
+        finally:
+            self._waiting.discard(future)
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the shared loop from any loop.
@@ -183,6 +193,10 @@ class LoopManager:
         try:
             return await future
         except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if self._stopped and caller is not None and not caller.cancelling():
+                # Not the caller's cancellation: the work was cancelled by `shutdown`.
+                raise LoopError("the loop manager was shut down while this call was running") from None
             future.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(cleaned_up.wait(), _CLEANUP_TIMEOUT)
@@ -200,7 +214,10 @@ class LoopManager:
             self._backends.add(backend)
 
     def shutdown(self) -> None:
-        """Close tracked backends, cancel remaining work, stop the loop and join its thread. Idempotent."""
+        """Close tracked backends, cancel remaining work, stop the loop and join its thread. Idempotent.
+
+        A thread blocked in `run` (a `run_batch`, say) while this runs gets `LoopError`.
+        """
         with self._lock:
             if self._stopped or self._pid != os.getpid():
                 self._stopped = True
@@ -216,6 +233,8 @@ class LoopManager:
             asyncio.run_coroutine_threadsafe(self._drain(), loop).result(_CLEANUP_TIMEOUT)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_CLEANUP_TIMEOUT)
+        for future in list(self._waiting):
+            future.cancel()  # work scheduled but never started: its caller gets LoopError, not a hang
 
     async def _drain(self) -> None:
         backends = list(self._backends)

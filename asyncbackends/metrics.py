@@ -32,6 +32,7 @@ class RunMetrics:
         requests: Requests in the run.
         successes: Requests that ended in a result (cache hits included).
         cache_hits: Results read from the cache instead of sent.
+        cache_read_failures: Stored results that could not be read back, so their requests were sent again.
         retries: Attempts beyond each request's first.
         retried_errors: The errors that caused those retries, by type name.
         errors: Failed requests by error type name.
@@ -45,6 +46,7 @@ class RunMetrics:
     requests: int = 0
     successes: int = 0
     cache_hits: int = 0
+    cache_read_failures: int = 0
     retries: int = 0
     retried_errors: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
@@ -121,6 +123,7 @@ class RunMetrics:
             "retries": self.retries,
             "retried_errors": dict(self.retried_errors),
             "cache_hits": self.cache_hits,
+            "cache_read_failures": self.cache_read_failures,
             "elapsed_s": elapsed,
             "requests_per_s": done / elapsed if elapsed > 0 else None,
             "latency_p50_s": _percentile(latencies, 50),
@@ -149,7 +152,8 @@ class RunMetrics:
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
         lines = [
             f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
-            f"retries: {s['retries']}  cache hits: {s['cache_hits']}",
+            f"retries: {s['retries']}  cache hits: {s['cache_hits']}"
+            + (f"  cache read failures: {s['cache_read_failures']}" if s["cache_read_failures"] else ""),
             f"errors: {errors}",
             f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",
             f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "

@@ -1,15 +1,22 @@
-"""The `AsyncBackend` protocol every adapter satisfies, and `BaseBackend`, an optional base class.
+"""The `AsyncBackend` protocol, the optional capabilities the core calls, and `BaseBackend`.
 
-An adapter handles exactly one request per call, like an httpx transport: it never starts a loop, never fans
-out and never retries (all of that lives in `gather`). It maps its engine's errors to the library's at the
-boundary with ``raise ... from exc``, and creates anything bound to an event loop lazily, on the loop that
-first calls it, which `create_backend` and `gather` make the shared loop.
+An adapter handles one request per call and never retries: bounded concurrency, retries, timeouts and rate
+limits all live in `gather`. Where one request needs several engine calls (``n > 1`` samples on a server
+without native ``n``, the windows of a rolling loglikelihood) the adapter fans out inside that one call,
+through `asyncbackends._tasks.all_or_nothing`, so the parts succeed or fail as one. It maps its engine's
+errors to the library's at the boundary with ``raise ... from exc``, and creates anything bound to an event
+loop lazily, on the loop that first calls it, which `create_backend` and `gather` make the shared loop.
+
+What the core calls beyond `AsyncBackend` is declared here as small protocols, each optional:
+`SupportsRollingLoglikelihood` (``loglikelihood_rolling``) and `SupportsFingerprint` (``fingerprint``, the
+cache key). `backend_method` is the one table from a request type to the backend method that serves it.
 """
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any, ClassVar, Final, Protocol, Self, runtime_checkable
 
 from .errors import BackendClosedError, RequestRejectedError
 from .types import (
@@ -18,10 +25,20 @@ from .types import (
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    Request,
+    Result,
     RollingLoglikelihoodRequest,
 )
 
-__all__ = ["AsyncBackend", "BaseBackend", "Secret"]
+__all__ = [
+    "REQUEST_METHODS",
+    "AsyncBackend",
+    "BaseBackend",
+    "Secret",
+    "SupportsFingerprint",
+    "SupportsRollingLoglikelihood",
+    "backend_method",
+]
 
 
 @runtime_checkable
@@ -57,16 +74,91 @@ class AsyncBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsRollingLoglikelihood(Protocol):
+    """A backend that scores whole texts (perplexity tasks): `gather` sends it rolling requests."""
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score ``request.text`` in windows of the model's length, summed.
+
+        Raises:
+            BackendError: A subclass saying what went wrong; `RequestRejectedError` where unsupported.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsFingerprint(Protocol):
+    """A backend that says what decides its outputs, for the response cache's key.
+
+    ``fingerprint`` is a JSON-able mapping with no secret in it (adapter, model, the options that change
+    outputs); two backends with equal fingerprints must give equal results for equal requests. ``None``
+    means "unknown": the cache then keys by the backend's name alone.
+    """
+
+    @property
+    def fingerprint(self) -> Mapping[str, Any] | None:
+        """What decides this backend's outputs."""
+        ...
+
+
+BackendMethod = Callable[[Any], Awaitable[Result]]
+
+
+def _rolling(backend: AsyncBackend) -> BackendMethod | None:
+    return backend.loglikelihood_rolling if isinstance(backend, SupportsRollingLoglikelihood) else None
+
+
+_DISPATCH: Final[Mapping[type, tuple[str, Callable[[AsyncBackend], BackendMethod | None]]]] = (
+    MappingProxyType(
+        {
+            GenerationRequest: ("generate", lambda backend: backend.generate),
+            LoglikelihoodRequest: ("loglikelihood", lambda backend: backend.loglikelihood),
+            RollingLoglikelihoodRequest: ("loglikelihood_rolling", _rolling),
+        }
+    )
+)
+
+REQUEST_METHODS: Final[Mapping[type, str]] = MappingProxyType({t: name for t, (name, _) in _DISPATCH.items()})
+"""The backend method's name for each request type."""
+
+
+def backend_method(backend: AsyncBackend, request_type: type[Request]) -> BackendMethod | None:
+    """The bound method of ``backend`` that serves requests of ``request_type``.
+
+    Returns:
+        The method, or ``None`` when ``request_type`` is not a request type or the backend lacks the
+        (optional) method.
+    """
+    entry = _DISPATCH.get(request_type)
+    return None if entry is None else entry[1](backend)
+
+
 class BaseBackend:
     """An optional base for adapters: closed-state tracking and async context management.
 
     Subclasses set `name` and `capabilities`, implement `generate` (and `loglikelihood` when they can), call
-    `_check_open()` at the start of each request, and put their clean-up in `_aclose()`.
+    `_check_open()` at the start of each request, and put their clean-up in `_aclose()`. A `BaseBackend` is
+    an async (and a sync) context manager that closes it; for any other backend use
+    ``contextlib.aclosing(backend)``.
 
     Example:
         ```python
-        async with ab.create_backend("mock") as backend:
-            result = await backend.generate(ab.GenerationRequest("hi"))
+        import asyncbackends as ab
+
+
+        class Echo(ab.BaseBackend):
+            name = "echo"
+
+            async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+                self._check_open(request.request_id)
+                return ab.GenerationResult(request.request_id, (ab.Completion(str(request.prompt)),))
+
+
+        async def main() -> str:
+            async with Echo() as backend:
+                result = await backend.generate(ab.GenerationRequest("hi"))
+            return result.text
         ```
     """
 
@@ -123,7 +215,7 @@ class BaseBackend:
 
         get_loop_manager().run(self.aclose())
 
-    async def __aenter__(self) -> BaseBackend:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -131,7 +223,7 @@ class BaseBackend:
     ) -> None:
         await self.aclose()
 
-    def __enter__(self) -> BaseBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

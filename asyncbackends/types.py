@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,27 @@ def _is_number(value: object) -> bool:
 def _set(obj: object, name: str, value: object) -> None:
     # Normalising fields of a frozen dataclass in __post_init__ needs the object.__setattr__ escape hatch.
     object.__setattr__(obj, name, value)
+
+
+def _ints(name: str, values: object) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidRequestError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    try:
+        # operator.index takes numpy and other integer types, refuses floats and bools are ints anyway.
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise InvalidRequestError(f"{name} must hold only ints") from None
+
+
+def _floats(name: str, values: object) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidRequestError(
+            f"{name} must be a sequence of numbers or None, got {type(values).__name__}"
+        )
+    try:
+        return tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"{name} must hold only numbers") from None
 
 
 def _check_request_id(request_id: object) -> None:
@@ -287,6 +309,19 @@ class Completion:
     logprobs: tuple[float, ...] | None = None
     finish_reason: FinishReason | None = None
 
+    def __post_init__(self) -> None:
+        # Checked cheaply (results are built once per request on the hot path) but enough that every
+        # completion the constructor accepts survives the response cache's round trip unchanged.
+        if not isinstance(self.text, str):
+            raise InvalidRequestError(f"text must be a str, got {type(self.text).__name__}")
+        if type(self.token_ids) is not tuple:
+            # None is "not reported", like (): one value for it, so a cached copy compares equal.
+            _set(self, "token_ids", _ints("token_ids", () if self.token_ids is None else self.token_ids))
+        if self.logprobs is not None and type(self.logprobs) is not tuple:
+            _set(self, "logprobs", _floats("logprobs", self.logprobs))
+        if self.finish_reason is not None and not isinstance(self.finish_reason, str):
+            raise InvalidRequestError(f"finish_reason must be a str or None, got {self.finish_reason!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
@@ -303,6 +338,19 @@ class GenerationResult:
     completions: tuple[Completion, ...]
     prompt_tokens: int | None = None
     model: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_request_id(self.request_id)
+        if type(self.completions) is not tuple:
+            if isinstance(self.completions, (str, bytes)) or not isinstance(self.completions, Sequence):
+                raise InvalidRequestError("completions must be a sequence of Completion")
+            _set(self, "completions", tuple(self.completions))
+        if not all(type(c) is Completion for c in self.completions):
+            raise InvalidRequestError("completions must be a sequence of Completion")
+        if self.prompt_tokens is not None and not _is_int(self.prompt_tokens):
+            raise InvalidRequestError(f"prompt_tokens must be an int or None, got {self.prompt_tokens!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise InvalidRequestError(f"model must be a str or None, got {type(self.model).__name__}")
 
     @property
     def text(self) -> str:
@@ -372,6 +420,23 @@ class LoglikelihoodResult:
     is_greedy: bool | None = None
     num_tokens: int = 0
     token_logprobs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_request_id(self.request_id)
+        if (
+            not isinstance(self.logprob, (int, float))
+            or isinstance(self.logprob, bool)
+            or self.logprob != self.logprob
+        ):
+            raise InvalidRequestError(f"logprob must be a number (not NaN), got {self.logprob!r}")
+        if type(self.logprob) is not float:
+            _set(self, "logprob", float(self.logprob))
+        if self.is_greedy is not None and not isinstance(self.is_greedy, bool):
+            raise InvalidRequestError(f"is_greedy must be a bool or None, got {self.is_greedy!r}")
+        if not _is_int(self.num_tokens):
+            raise InvalidRequestError(f"num_tokens must be an int, got {self.num_tokens!r}")
+        if self.token_logprobs is not None and type(self.token_logprobs) is not tuple:
+            _set(self, "token_logprobs", _floats("token_logprobs", self.token_logprobs))
 
 
 Request: TypeAlias = GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._text import split_trailing_space
 from ..types import LoglikelihoodResult
 
 __all__ = [
@@ -41,18 +42,6 @@ class ScoringPlan:
     token_ids: tuple[int, ...]
     scored: int
     truncated: int = 0
-
-
-def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    """Move the context's trailing whitespace to the continuation, as lm-eval does before encoding.
-
-    Tokenizers attach a leading space to the next word (``" Paris"``), so ``"is " + "Paris"`` would score an
-    unnatural lone-space token; ``"is" + " Paris"`` scores the token the model actually predicts.
-    """
-    stripped = context.rstrip()
-    if len(stripped) == len(context):
-        return context, continuation
-    return stripped, context[len(stripped) :] + continuation
 
 
 def plan_loglikelihood(

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._tasks import all_or_nothing
+from .._text import split_trailing_space
 from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
@@ -57,7 +58,7 @@ from ._openai_wire import (
     parse_echo,
 )
 from ._sampling import refuse_unsupported
-from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, split_trailing_space
+from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result
 
 __all__ = ["OpenAIBackend"]
 

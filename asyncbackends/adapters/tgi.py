@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._tasks import all_or_nothing
+from .._text import split_trailing_space
 from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
@@ -47,7 +48,6 @@ from ..types import (
 from ._credentials import resolve_token
 from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
 from ._sampling import refuse_unsupported
-from ._scoring import split_trailing_space
 
 __all__ = ["TGIBackend", "TGIInfo"]
 

@@ -39,6 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from asyncbackends._text import split_trailing_space
 from asyncbackends.errors import InvalidRequestError
 from asyncbackends.gather import RetryPolicy, run_batch
 from asyncbackends.loop import get_loop_manager
@@ -109,12 +110,6 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     max_length: int | None = None
     progress: bool = True
     ignore_generation_parameters: list[str] = Field(default_factory=list)
-
-
-def _split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    # As lighteval's own models do before encoding: "is " + "Paris" would score a lone space token.
-    stripped = context.rstrip()
-    return stripped, context[len(stripped) :] + continuation
 
 
 class AsyncBackendsModel(LightevalModel):
@@ -269,11 +264,11 @@ class AsyncBackendsModel(LightevalModel):
             contexts.append(context)
             start = len(requests)
             for choice in doc.choices:
-                requests.append(LoglikelihoodRequest(*_split_trailing_space(context, choice)))
+                requests.append(LoglikelihoodRequest(*split_trailing_space(context, choice)))
             if doc.unconditioned_query is not None:
                 for choice in doc.choices:
                     requests.append(
-                        LoglikelihoodRequest(*_split_trailing_space(doc.unconditioned_query, choice))
+                        LoglikelihoodRequest(*split_trailing_space(doc.unconditioned_query, choice))
                     )
             spans.append((start, len(requests)))
         results: list[LoglikelihoodResult] = self._run(requests, "loglikelihood")

@@ -29,6 +29,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from .._text import split_trailing_space
 from ..errors import InvalidRequestError
 from ..gather import RetryPolicy, run_batch
 from ..protocol import AsyncBackend
@@ -65,19 +66,6 @@ _OPTIONAL_KEYS = {
 }
 # Keys whose value here asks for nothing beyond the default (one beam, one sequence): nothing to map.
 _DEFAULT_VALUES: dict[str, Any] = {"num_beams": 1, "num_return_sequences": 1}
-
-
-def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    """Move the context's trailing whitespace to the front of the continuation, as lm-eval's models do.
-
-    Tokenizers attach a leading space to the next word, so ``"is " + "Paris"`` would score an unnatural lone
-    space token while ``"is" + " Paris"`` scores the token the model predicts. Doing it here keeps scores
-    equal to lm-eval's own models whatever the backend does.
-    """
-    stripped = context.rstrip()
-    if len(stripped) == len(context):
-        return context, continuation
-    return stripped, context[len(stripped) :] + continuation
 
 
 def _concurrency(concurrency: int | None, batch_size: Any) -> int | None:

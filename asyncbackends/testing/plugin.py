@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from ..cli import parse_option_value
-from ..errors import BackendUnavailableError
+from .._parse import parse_option_value, parse_options
+from ..errors import BackendUnavailableError, InvalidRequestError
 from ..registry import create_backend
 from ..types import GenerationRequest, SamplingParams
 
@@ -94,13 +94,10 @@ def parse_backend_options(pairs: list[str]) -> dict[str, Any]:
     Raises:
         pytest.UsageError: An item is not ``key=value``.
     """
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise pytest.UsageError(f"--backend-option must look like key=value, got {pair!r}")
-        options[key.strip()] = parse_option_value(value)
-    return options
+    try:
+        return parse_options(pairs, flag="--backend-option")
+    except InvalidRequestError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _target(config: pytest.Config) -> tuple[str | None, Mapping[str, Any]]:

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import asyncbackends as ab
+from asyncbackends.cache import CacheReadWarning
 
 
 def test_a_killed_run_resumes_sending_only_what_is_missing(tmp_path: Path, make_mock: Any) -> None:
@@ -119,9 +123,122 @@ def test_refused_options_open_no_cache(tmp_path: Path, make_mock: Any) -> None:
     assert not path.exists()
 
 
-def test_a_broken_cache_file_does_not_fail_the_run(tmp_path: Path, make_mock: Any) -> None:
+def test_a_broken_cache_file_does_not_fail_the_run_but_warns_once_and_counts(
+    tmp_path: Path, make_mock: Any
+) -> None:
     cache = ab.ResponseCache(tmp_path / "c.sqlite")
     cache._db.execute("DROP TABLE results")  # reads and writes now fail inside SQLite
-    results = ab.run_batch(make_mock(), [ab.GenerationRequest("x")], cache=cache)
-    assert results[0].text == "x"
+    metrics = ab.RunMetrics()
+    batch = [ab.GenerationRequest(f"x{i}") for i in range(5)]
+    with pytest.warns(CacheReadWarning, match="OperationalError: no such table") as caught:
+        results = ab.run_batch(make_mock(), batch, cache=cache, metrics=metrics, concurrency=1)
+    assert [r.text for r in results] == [f"x{i}" for i in range(5)]
+    assert len([w for w in caught if w.category is CacheReadWarning]) == 1  # once, not once per request
+    assert cache.read_failures == 5 and metrics.cache_read_failures == 5
+    assert "cache read failures: 5" in metrics.format()
     cache.close()
+
+
+class NoTokenIds(ab.BaseBackend):
+    """An adapter that reports no token ids (``None``) and no logprobs: what some servers give."""
+
+    name = "no-token-ids"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.calls += 1
+        completion = ab.Completion(str(request.prompt), token_ids=None, logprobs=None)  # type: ignore[arg-type]
+        return ab.GenerationResult(request.request_id, (completion,), prompt_tokens=None, model=None)
+
+
+def test_a_run_of_an_adapter_without_token_ids_resumes_from_the_cache(tmp_path: Path) -> None:
+    path = tmp_path / "run.sqlite"
+    batch = [ab.GenerationRequest(f"p{i}", request_id=f"r{i}") for i in range(4)]
+    first = ab.run_batch(NoTokenIds(), batch, cache=path)
+    again = NoTokenIds()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a read failure would warn: it must not happen at all
+        second = ab.run_batch(again, batch, cache=path)
+    assert again.calls == 0 and second == first
+
+
+_floats = st.floats(allow_nan=False)  # NaN is never equal to itself; infinities are kept
+_ints = st.integers(-(2**70), 2**70)
+_maybe_text = st.none() | st.text()
+_completions = st.builds(
+    ab.Completion,
+    text=st.text(),
+    token_ids=st.none() | st.lists(_ints).map(tuple) | st.lists(_ints),
+    logprobs=st.none() | st.lists(_floats).map(tuple) | st.lists(_floats),
+    finish_reason=_maybe_text,
+)
+_results = st.builds(
+    ab.GenerationResult,
+    request_id=_maybe_text,
+    completions=st.lists(_completions, max_size=3).map(tuple),
+    prompt_tokens=st.none() | _ints,
+    model=_maybe_text,
+) | st.builds(
+    ab.LoglikelihoodResult,
+    request_id=_maybe_text,
+    logprob=_floats | _ints,
+    is_greedy=st.none() | st.booleans(),
+    num_tokens=_ints,
+    token_logprobs=st.none() | st.lists(_floats).map(tuple) | st.lists(_floats),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(result=_results)
+def test_every_result_the_types_accept_reads_back_equal(tmp_path: Path, result: ab.GenerationResult) -> None:
+    request = ab.GenerationRequest("x", request_id=result.request_id)
+    cache = ab.ResponseCache(tmp_path / "round-trip.sqlite")
+    try:
+        cache.put(ab.create_backend("mock"), request, result)
+        assert cache.get(ab.create_backend("mock"), request) == result
+    finally:
+        cache.close()
+
+
+def test_numpy_like_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
+    class Int:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def __index__(self) -> int:
+            return self.value
+
+    completion = ab.Completion("a", token_ids=[Int(3), Int(4)])  # type: ignore[list-item]
+    assert completion.token_ids == (3, 4)
+    result = ab.GenerationResult("r", (completion,))
+    request = ab.GenerationRequest("x", request_id="r")
+    cache = ab.ResponseCache(tmp_path / "n.sqlite")
+    cache.put(ab.create_backend("mock"), request, result)
+    assert cache.get(ab.create_backend("mock"), request) == result
+    cache.close()
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ab.Completion(3),  # type: ignore[arg-type]
+        lambda: ab.Completion("a", token_ids=[1.5]),  # type: ignore[list-item]
+        lambda: ab.Completion("a", token_ids="abc"),  # type: ignore[arg-type]
+        lambda: ab.Completion("a", logprobs=["x"]),  # type: ignore[list-item]
+        lambda: ab.Completion("a", finish_reason=1),  # type: ignore[arg-type]
+        lambda: ab.GenerationResult("r", ("text",)),  # type: ignore[arg-type]
+        lambda: ab.GenerationResult("r", "text"),  # type: ignore[arg-type]
+        lambda: ab.GenerationResult("r", (), prompt_tokens=1.0),  # type: ignore[arg-type]
+        lambda: ab.GenerationResult(3, ()),  # type: ignore[arg-type]
+        lambda: ab.LoglikelihoodResult("r", float("nan")),
+        lambda: ab.LoglikelihoodResult("r", "1"),  # type: ignore[arg-type]
+        lambda: ab.LoglikelihoodResult("r", -1.0, is_greedy=1),  # type: ignore[arg-type]
+        lambda: ab.LoglikelihoodResult("r", -1.0, num_tokens=1.0),  # type: ignore[arg-type]
+        lambda: ab.LoglikelihoodResult("r", -1.0, token_logprobs="ab"),  # type: ignore[arg-type]
+    ],
+)
+def test_results_that_could_not_round_trip_are_refused_when_built(build: Any) -> None:
+    with pytest.raises(ab.InvalidRequestError):
+        build()

@@ -6,6 +6,7 @@ Never a hang (each example runs under a deadline), never a dead loop (the shared
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -73,27 +74,51 @@ def test_fuzzed_requests_end_in_a_result_or_an_invalid_request(records: list[Any
         assert isinstance(outcome, (ab.GenerationResult, ab.LoglikelihoodResult, ab.InvalidRequestError))
 
 
+def _number_above(value: Any, low: float) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > low
+    )
+
+
 @settings(max_examples=80, deadline=5000)
 @given(
     concurrency=st.none() | st.integers(-2, 100) | st.booleans() | st.floats(-1, 5),
     timeout=st.none() | st.floats(-1, 5) | st.integers(-1, 3) | st.text(max_size=3),
     attempts=st.integers(-1, 4),
-    rps=st.none() | st.floats(-1, 1000),
+    # Invalid rates (zero, negative, NaN, infinite, a bool, a string) and valid ones fast enough to finish.
+    rps=st.none()
+    | st.sampled_from([0, -1, -0.5, math.nan, math.inf, -math.inf, True, "10"])
+    | st.floats(500, 1e9),
 )
 def test_fuzzed_gather_options_are_refused_or_work(
     concurrency: Any, timeout: Any, attempts: int, rps: Any
 ) -> None:
+    valid = (
+        (
+            concurrency is None
+            or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1)
+        )
+        and (timeout is None or _number_above(timeout, 0))
+        and attempts >= 1
+        and (rps is None or _number_above(rps, 0))
+    )
     backend = ab.create_backend("mock")
     requests = [ab.GenerationRequest(f"p{i}") for i in range(5)]
     try:
         retry = ab.RetryPolicy(max_attempts=attempts, initial_delay=0)
-        rate = ab.RateLimit(requests_per_second=rps if rps is None else rps + 500)
+        rate = ab.RateLimit(requests_per_second=rps)
         results = ab.run_batch(
             backend, requests, concurrency=concurrency, timeout=timeout, retry=retry, rate_limit=rate
         )
-    except (ab.InvalidRequestError, ab.BackendTimeoutError):
-        pass  # refused before sending, or a timeout too small for any attempt
+    except ab.InvalidRequestError:
+        assert not valid  # refused before sending: only ever a bad option
+    except ab.BackendTimeoutError:
+        assert valid  # a timeout too small for any attempt
     else:
+        assert valid, "a bad option was accepted"
         assert [r.text for r in results] == [f"p{i}" for i in range(5)]
     # The shared loop survives every example.
     assert ab.run_batch(backend, [ab.GenerationRequest("alive")])[0].text == "alive"

@@ -71,7 +71,7 @@ def test_blocking_create_backend_from_the_loop_thread_raises() -> None:
 
 
 def test_shutdown_is_idempotent_and_a_fresh_manager_follows() -> None:
-    manager = ab.LoopManager()
+    manager = ab.get_loop_manager()
     loop, thread = manager.run(_loop_and_thread())
     manager.shutdown()
     manager.shutdown()
@@ -83,6 +83,67 @@ def test_shutdown_is_idempotent_and_a_fresh_manager_follows() -> None:
 
     with pytest.raises(ab.LoopError, match="shut down"):
         manager.run(noop())
+    fresh = ab.get_loop_manager()
+    assert fresh is not manager and ab.get_loop_manager() is fresh
+    fresh_loop, fresh_thread = fresh.run(_loop_and_thread())
+    assert fresh_loop is not loop and fresh_thread.is_alive() and not fresh_loop.is_closed()
+    assert ab.run_batch(ab.create_backend("mock"), [ab.GenerationRequest("again")])[0].text == "again"
+
+
+class _Hanging(ab.BaseBackend):
+    name = "hanging"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.started.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_shutdown_while_another_thread_is_in_run_batch_gives_it_loop_error() -> None:
+    manager = ab.get_loop_manager()
+    backend = _Hanging()
+    caught: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            ab.run_batch(backend, [ab.GenerationRequest("x")])
+        except BaseException as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert backend.started.wait(30)
+    manager.shutdown()
+    thread.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], ab.LoopError), caught
+    assert "shut down" in str(caught[0])
+
+
+def test_shutdown_while_a_foreign_loop_awaits_arun_gives_it_loop_error() -> None:
+    manager = ab.get_loop_manager()
+    backend = _Hanging()
+
+    async def main() -> None:
+        with pytest.raises(ab.LoopError, match="shut down"):
+            await ab.gather(backend, [ab.GenerationRequest("x")])
+
+    caught: list[BaseException] = []
+
+    def in_thread() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # pragma: no cover - reported below
+            caught.append(exc)
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    assert backend.started.wait(30)
+    manager.shutdown()
+    thread.join(30)
+    assert not thread.is_alive() and caught == []
 
 
 def test_shutdown_closes_tracked_backends() -> None:
@@ -94,12 +155,17 @@ def test_shutdown_closes_tracked_backends() -> None:
     assert backend.closed  # type: ignore[attr-defined]
 
 
-def _child_uses_fresh_manager(parent_loop_id: int, queue: multiprocessing.Queue[object]) -> None:
+def _child_uses_fresh_manager(
+    parent_manager_id: int, parent_loop_id: int, queue: multiprocessing.Queue[object]
+) -> None:
+    # The parent's manager and loop objects still exist in the child's copy of memory, so a fresh manager
+    # and loop have other ids.
     manager = ab.get_loop_manager()
-    loop, _ = manager.run(_loop_and_thread())
+    loop, thread = manager.run(_loop_and_thread())
     backend = ab.create_backend("mock")
     result = ab.run_batch(backend, [ab.GenerationRequest("fork")])
-    queue.put((id(loop) != parent_loop_id or os.getpid(), result[0].text))
+    fresh = id(manager) != parent_manager_id and id(loop) != parent_loop_id and thread.is_alive()
+    queue.put((fresh, result[0].text))
 
 
 def test_child_after_fork_gets_a_fresh_working_manager() -> None:
@@ -107,11 +173,11 @@ def test_child_after_fork_gets_a_fresh_working_manager() -> None:
     parent_loop, _ = manager.run(_loop_and_thread())
     ctx = multiprocessing.get_context("fork")
     queue: multiprocessing.Queue[object] = ctx.Queue()
-    process = ctx.Process(target=_child_uses_fresh_manager, args=(id(parent_loop), queue))
+    process = ctx.Process(target=_child_uses_fresh_manager, args=(id(manager), id(parent_loop), queue))
     process.start()
     fresh, text = queue.get(timeout=30)  # type: ignore[misc]
     process.join(30)
-    assert process.exitcode == 0 and fresh and text == "fork"
+    assert process.exitcode == 0 and fresh is True and text == "fork"
 
 
 def test_parent_manager_object_refuses_use_in_a_forked_child() -> None:

@@ -117,3 +117,22 @@ def test_importing_the_package_imports_no_engine() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_each_adapter_extra_installs_what_the_registry_requires() -> None:
+    import re
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[;!~ ]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
+
+    for name, builtin in registry._BUILTINS.items():
+        if builtin.extra is None:
+            continue
+        assert set(builtin.requires) <= names(extras[builtin.extra]), name
+    core = names(project["dependencies"])
+    assert "anyio" not in core and "aiohttp" not in core and "huggingface_hub" not in core
+    assert {"pytest", "jsonschema", "aiohttp"} <= names(extras["testing"])

@@ -1,0 +1,164 @@
+"""`ab.limited`: a backend whose concurrency and rate limits hold across every run that uses it.
+
+`gather`'s own ``concurrency`` and ``rate_limit`` belong to one run: two concurrent runs on one server each
+get the full amount. Wrapping the backend once, ``shared = ab.limited(backend, concurrency=8)``, and
+passing ``shared`` to every run makes the limit the server's: its slots and token buckets are the
+wrapper's, so every run (and any direct call) queues on the same ones. Waiting for them is waiting for a
+slot, so it never counts toward `gather`'s per-attempt timeout; the attempt's clock runs once a slot is
+held. The slots and buckets are created on first use, on the loop that uses them (the shared loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from .._clock import held_slot, waiting_for_slot
+from .._limits import TokenBucket, estimated_tokens
+from ..errors import InvalidRequestError
+from ..options import RateLimit
+from ..protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
+from ..types import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Request,
+    RollingLoglikelihoodRequest,
+)
+
+__all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
+
+R = TypeVar("R")
+
+
+class LimitedBackend:
+    """A backend that sends through ``backend`` within limits shared by every caller.
+
+    Build it with `limited`. Its name, capabilities and fingerprint are the wrapped backend's (so a cache
+    filled through one serves the other); `aclose` closes the wrapped backend.
+
+    Attributes:
+        backend: The wrapped backend.
+        concurrency: Most requests in flight through this wrapper at once, or ``None``.
+        rate_limit: Request and token rates shared by every run, or ``None``.
+    """
+
+    def __init__(
+        self, backend: AsyncBackend, *, concurrency: int | None = None, rate_limit: RateLimit | None = None
+    ) -> None:
+        if concurrency is not None and (
+            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+        ):
+            raise InvalidRequestError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise InvalidRequestError(
+                f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}"
+            )
+        self.backend = backend
+        self.concurrency = concurrency
+        self.rate_limit = rate_limit
+        self.name: str = backend.name
+        self.capabilities: Capabilities = backend.capabilities
+        # Loop-bound: made on first use, on the loop that serves the requests.
+        self._slots: asyncio.Semaphore | None = None
+        self._rps: TokenBucket | None = None
+        self._tpm: TokenBucket | None = None
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r})"
+
+    @property
+    def fingerprint(self) -> Mapping[str, Any] | None:
+        """The wrapped backend's fingerprint: limits do not change outputs."""
+        return self.backend.fingerprint if isinstance(self.backend, SupportsFingerprint) else None
+
+    def _make_state(self) -> None:
+        if self.concurrency is not None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        rate = self.rate_limit
+        if rate is not None and rate.requests_per_second:
+            self._rps = TokenBucket(rate.requests_per_second, max(1.0, rate.requests_per_second))
+        if rate is not None and rate.tokens_per_minute:
+            self._tpm = TokenBucket(rate.tokens_per_minute / 60, rate.tokens_per_minute)
+        self._ready = True
+
+    async def _within_limits(self, request: Request, call: Callable[[], Awaitable[R]]) -> R:
+        if not self._ready:
+            self._make_state()
+        if self._rps is not None or self._tpm is not None:
+            # Rate tokens first, while holding nothing: the wait is untimed and blocks no slot.
+            async with waiting_for_slot():
+                if self._rps is not None:
+                    await self._rps.take(1)
+                if self._tpm is not None:
+                    await self._tpm.take(estimated_tokens(request))
+        async with held_slot(self._slots):
+            return await call()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """`AsyncBackend.generate` through the shared limits."""
+        return await self._within_limits(request, lambda: self.backend.generate(request))
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """`AsyncBackend.loglikelihood` through the shared limits."""
+        return await self._within_limits(request, lambda: self.backend.loglikelihood(request))
+
+    async def aclose(self) -> None:
+        """Close the wrapped backend."""
+        await self.backend.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class LimitedRollingBackend(LimitedBackend):
+    """A `LimitedBackend` around a backend that has ``loglikelihood_rolling``."""
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """``loglikelihood_rolling`` of the wrapped backend, through the shared limits."""
+        backend = self.backend
+        assert isinstance(backend, SupportsRollingLoglikelihood)
+        return await self._within_limits(request, lambda: backend.loglikelihood_rolling(request))
+
+
+def limited(
+    backend: AsyncBackend, *, concurrency: int | None = None, rate_limit: RateLimit | None = None
+) -> LimitedBackend:
+    """Wrap ``backend`` so its limits hold across every run that uses the returned backend.
+
+    Two concurrent `gather` calls on the returned backend share its ``concurrency`` slots and its
+    ``rate_limit`` buckets; `gather`'s own ``concurrency`` and ``rate_limit`` stay per run and apply on top.
+    Waiting for the shared slots and rates is not counted toward `gather`'s per-attempt timeout.
+
+    Example:
+        ```python
+        server = ab.limited(ab.create_backend("tgi", url=URL), concurrency=8,
+                            rate_limit=ab.RateLimit(requests_per_second=20))
+        # Both runs together keep at most 8 requests in flight and start at most 20 a second.
+        a, b = await asyncio.gather(ab.gather(server, first), ab.gather(server, second))
+        ```
+
+    Args:
+        backend: The backend to wrap (any `AsyncBackend`, a wrapper included).
+        concurrency: Most requests in flight through the wrapper at once; ``None`` for no shared limit.
+        rate_limit: Request and token rates shared by every run; ``None`` for none.
+
+    Returns:
+        A backend with the wrapped one's name, capabilities, fingerprint and methods
+        (``loglikelihood_rolling`` only where the wrapped backend has it).
+
+    Raises:
+        InvalidRequestError: ``concurrency`` or ``rate_limit`` is not valid.
+    """
+    cls = LimitedRollingBackend if isinstance(backend, SupportsRollingLoglikelihood) else LimitedBackend
+    return cls(backend, concurrency=concurrency, rate_limit=rate_limit)
