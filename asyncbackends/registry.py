@@ -62,6 +62,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "endpoints": _Builtin(
         "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")
     ),
+    "ray": _Builtin("asyncbackends.adapters.ray:RayBackend", "ray", ("ray",)),
 }
 
 _registered: dict[str, str] = {}
