@@ -40,6 +40,7 @@ from .types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .wrappers.pool import pool
 
 __version__ = "0.1.0.dev0"
 
@@ -80,6 +81,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "pool",
     "register_backend",
     "run_batch",
 ]

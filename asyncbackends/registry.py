@@ -62,6 +62,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "endpoints": _Builtin(
         "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")
     ),
+    "pool": _Builtin("asyncbackends.wrappers.pool:PoolBackend", None, ()),
     "ray": _Builtin("asyncbackends.adapters.ray:RayBackend", "ray", ("ray",)),
 }
 

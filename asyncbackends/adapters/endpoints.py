@@ -191,6 +191,15 @@ class EndpointsBackend(BaseBackend):
         self._check_open(request.request_id)
         return await self._inner.loglikelihood_rolling(request)
 
+    async def check_ready(self) -> None:
+        """The inner adapter's readiness probe (TGI ``/health`` or ``/v1/models``), for a pool.
+
+        Raises:
+            BackendError: The endpoint does not answer as ready.
+        """
+        self._check_open()
+        await self._inner.check_ready()
+
     async def _aclose(self) -> None:
         try:
             await self._inner.aclose()

@@ -116,6 +116,17 @@ class MockBackend(BaseBackend):
         """What identifies this backend's outputs, for the response cache."""
         return {"name": self.name, "model": self.model}
 
+    async def check_ready(self) -> None:
+        """A pool's readiness probe: ready while open and not failing every attempt (``failure_rate=1``).
+
+        Raises:
+            BackendClosedError: After `aclose`.
+            BackendUnavailableError: ``failure_rate`` is 1.
+        """
+        self._check_open()
+        if self.failure_rate >= 1:
+            raise BackendUnavailableError("mock: failing every attempt", backend=self.name)
+
     async def _attempt(self, key: str | None, request_id: str | None) -> None:
         """Count the attempt, sleep the injected latency, then maybe fail."""
         self._check_open(request_id)

@@ -211,6 +211,15 @@ class OpenAIBackend(BaseBackend):
         """What identifies this backend's outputs for the response cache (no secret)."""
         return {"name": self.name, "base_url": self.base_url, "model": self.model}
 
+    async def check_ready(self) -> None:
+        """One ``GET /v1/models``: returns when the server lists its models (a pool's readiness probe).
+
+        Raises:
+            BackendError: The mapped error of a failed answer or connection.
+        """
+        self._check_open()
+        await self._models()
+
     async def _aclose(self) -> None:
         await self._http.aclose()
 

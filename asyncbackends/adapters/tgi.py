@@ -172,6 +172,19 @@ class TGIBackend(BaseBackend):
         self._check_open()
         await poll_until_ok(self._http, "/health", timeout=timeout, interval=interval, what=self.url)
 
+    async def check_ready(self) -> None:
+        """One ``GET /health``: returns when the server answers 200 (a pool's readiness probe).
+
+        Raises:
+            BackendError: The mapped error of any other answer, or of a failed connection.
+        """
+        from ._http import error_for_status
+
+        self._check_open()
+        resp = await self._http.request("GET", "/health")
+        if resp.status != 200:
+            raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name)
+
     # -- generate ------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -203,6 +203,19 @@ class VLLMBackend(BaseBackend):
         assert self._engine is not None
         return self._engine
 
+    async def check_ready(self) -> None:
+        """The engine's liveness (``AsyncLLM.check_health``), for a pool's readiness probe.
+
+        Raises:
+            BackendClosedError: After `aclose`.
+            BackendBrokenError: The engine died.
+        """
+        engine = self.engine
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            raise self._dead(exc, None) from exc
+
     # -- the engine boundary ---------------------------------------------------------------------------
 
     async def _run(

@@ -71,6 +71,9 @@ class FakeTGIServer:
         record: Keep every request body in `received` (path, body); `authorization` counts the
             ``Authorization`` header values seen either way.
         seed: Seed of the failure-injection and jitter generator.
+        model_id: The model id ``/info`` and chat responses report (default `FakeModel.model_id`).
+        concurrency: Most generations served at once; the others queue for a slot, each taking
+            ``latency`` once served (a server-bound engine). ``None``: no limit.
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
     """
@@ -94,6 +97,8 @@ class FakeTGIServer:
         check_schema: bool = True,
         record: bool = True,
         seed: int = 0,
+        model_id: str | None = None,
+        concurrency: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -105,6 +110,10 @@ class FakeTGIServer:
         self.check_schema, self.record = check_schema, record
         self.host, self.port = host, port
         self.model = FakeModel()
+        if model_id is not None:
+            self.model.model_id = model_id
+        self.concurrency = concurrency
+        self._slots: asyncio.Semaphore | None = None
         self.healthy = True
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
@@ -145,6 +154,7 @@ class FakeTGIServer:
     async def start(self) -> FakeTGIServer:
         """Start listening; `url` is valid afterwards."""
         self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         self._runner, self.port = await serve(self.app(), self.host, self.port)
         self._started = time.monotonic()
         return self
@@ -244,7 +254,10 @@ class FakeTGIServer:
         if failure == 503:
             raise WireError(503, "503 Service Unavailable (injected by a proxy)", text=True)
         delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
-        if delay:
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(delay)
+        elif delay:
             await asyncio.sleep(delay)
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-concurrent-requests", type=int, default=128)
     parser.add_argument("--rate-429", type=float, default=0.0)
     parser.add_argument("--rate-503", type=float, default=0.0)
+    parser.add_argument("--model-id", default=None, help="the model id /info reports")
+    parser.add_argument("--concurrency", type=int, default=None, help="served at once; the rest queue")
     parser.add_argument("--check-schema", action="store_true", help="validate exchanges (slow)")
     args = parser.parse_args(argv)
 
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
             rate_503=args.rate_503,
             check_schema=args.check_schema,
             record=False,
+            model_id=args.model_id,
+            concurrency=args.concurrency,
             host=args.host,
             port=args.port,
         )

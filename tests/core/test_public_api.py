@@ -13,7 +13,7 @@ CONTRACT = {
     "register_backend", "available_backends", "gather", "as_completed", "run_batch", "RetryPolicy",
     "RateLimit", "get_loop_manager", "LoopManager", "AsyncBackendsError", "BackendNotFoundError", "LoopError",
     "InvalidRequestError", "BackendError", "BackendUnavailableError", "RateLimitedError", "BackendTimeoutError",
-    "RequestRejectedError", "BackendBrokenError", "BackendClosedError",
+    "RequestRejectedError", "BackendBrokenError", "BackendClosedError", "pool",
 }  # fmt: skip
 
 

@@ -1,0 +1,189 @@
+"""The router on its own, over stand-in replicas: load, cool-downs, probes, failover, affinity."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+from asyncbackends.wrappers.router import Replica, Router, is_replica_fault, sent_nothing
+
+
+class Stub:
+    """A replica that answers after ``gate`` opens (or at once), or raises ``error``; counts calls."""
+
+    def __init__(self, name: str, *, error: BaseException | None = None, ready: bool = True) -> None:
+        self.name = name
+        self.error = error
+        self.ready = ready
+        self.calls = 0
+        self.probes = 0
+        self.gate: asyncio.Event | None = None
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        return ab.GenerationResult(request.request_id, (ab.Completion(self.name),), model="m")
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        raise NotImplementedError
+
+    async def check_ready(self) -> None:
+        self.probes += 1
+        if not self.ready:
+            raise ab.BackendUnavailableError("not ready")
+
+
+def req(prompt: str = "hello", rid: str | None = None) -> ab.GenerationRequest:
+    return ab.GenerationRequest(prompt, request_id=rid)
+
+
+def refused() -> ab.BackendUnavailableError:
+    error = ab.BackendUnavailableError("connection failed")
+    error.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    return error
+
+
+async def until(condition: Any, timeout: float = 10.0) -> None:
+    """Wait for a state (polled), with a generous safety net."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "state not reached"
+        await asyncio.sleep(0.001)
+
+
+def test_classification() -> None:
+    assert sent_nothing(refused())
+    assert not sent_nothing(ab.BackendUnavailableError("connection reset"))
+    marked = ab.BackendError("x")
+    marked.sent_nothing = True  # type: ignore[attr-defined]
+    assert sent_nothing(marked)
+    assert is_replica_fault(ab.RateLimitedError("slow"))
+    assert is_replica_fault(ab.BackendError("HTTP 500"))
+    assert is_replica_fault(ab.BackendBrokenError("dead"))
+    assert not is_replica_fault(ab.RequestRejectedError("too long"))
+    assert not is_replica_fault(ab.InvalidRequestError("bad"))
+    assert not is_replica_fault(ab.BackendError("not retryable", retryable=False))
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ab.InvalidRequestError, match="routing"):
+        Router([Stub("a")], routing="round_robin")
+    with pytest.raises(ab.InvalidRequestError, match="at least one"):
+        Router([])
+    with pytest.raises(ab.InvalidRequestError, match="cooldown"):
+        Router([Stub("a")], cooldown=-1)
+
+
+def test_least_loaded_relative_to_capacity() -> None:
+    big = Replica(Stub("big"), label="big", capacity=8)
+    small = Replica(Stub("small"), label="small", capacity=2)
+    router = Router([big, small], seed=0)
+    big.in_flight, small.in_flight = 3, 1  # 3/8 < 1/2
+    assert router.choose(req()) is big
+    big.in_flight = 5  # 5/8 > 1/2
+    assert router.choose(req()) is small
+
+
+def test_power_of_two_choices_never_picks_the_most_loaded() -> None:
+    replicas = [Replica(Stub(str(i)), label=str(i), capacity=1) for i in range(12)]
+    for i, replica in enumerate(replicas):
+        replica.in_flight = i
+    router = Router(replicas, seed=1)
+    picks = {router.choose(req()).label for _ in range(300)}  # type: ignore[union-attr]
+    assert "11" not in picks and "0" in picks
+
+
+@pytest.mark.asyncio
+async def test_fault_cools_down_then_probe_takes_back() -> None:
+    bad = Stub("bad", error=ab.BackendUnavailableError("HTTP 503"), ready=False)
+    good = Stub("good")
+    router = Router([Replica(bad, label="bad"), Replica(good, label="good")], cooldown=0.01, seed=0)
+    bad_replica = router.replicas[0]
+    # Only the bad one is tried first: its failure is raised retryable, and it is cooled down at once.
+    router.replicas[1].in_flight = 1
+    with pytest.raises(ab.BackendUnavailableError) as info:
+        await router.call("generate", req())
+    assert info.value.retryable and bad_replica.state == "cooling" and bad_replica.cooldowns == 1
+    router.replicas[1].in_flight = 0
+    # While it cools down, every attempt goes to the other one (the fail-fast trap: it looks idle).
+    for _ in range(20):
+        assert (await router.call("generate", req())).text == "good"  # type: ignore[union-attr]
+    assert bad.calls == 1
+    await until(lambda: bad.probes >= 2)  # probed, failing: its cool-downs grow
+    assert bad_replica.state == "cooling" and bad_replica._streak >= 2
+    bad.ready, bad.error = True, None
+    await until(lambda: bad_replica.state == "healthy")
+    assert bad_replica._streak >= 2  # taken back: the streak clears only with a success sent since
+    router.replicas[1].in_flight = 5
+    assert (await router.call("generate", req())).text == "bad"  # type: ignore[union-attr]
+    assert bad_replica._streak == 0
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_retry_after_is_honoured() -> None:
+    router = Router([Stub("a"), Stub("b")], cooldown=0.01)
+    replica = router.replicas[0]
+    before = time.monotonic()
+    router.fault(replica, ab.RateLimitedError("slow down", retry_after=5.0))
+    assert replica.cooled_until >= before + 5.0
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_refused_connection_goes_elsewhere_in_the_same_attempt() -> None:
+    down = Stub("down", error=refused(), ready=False)
+    up = Stub("up")
+    router = Router([Replica(down, label="down"), Replica(up, label="up")], seed=0)
+    router.replicas[1].in_flight = 3  # make "down" the first choice
+    result = await router.call("generate", req())
+    router.replicas[1].in_flight = 0
+    assert result.text == "up" and down.calls == 1 and up.calls == 1  # type: ignore[union-attr]
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_no_healthy_replica_waits_then_fails() -> None:
+    stub = Stub("a", error=ab.BackendUnavailableError("HTTP 503"), ready=False)
+    router = Router([stub], cooldown=0.01, wait=0.05)
+    with pytest.raises(ab.BackendUnavailableError):
+        await router.call("generate", req())
+    with pytest.raises(ab.BackendUnavailableError, match="no healthy replica"):
+        await router.call("generate", req())
+    assert stub.calls == 1
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_waiting_attempt_goes_to_the_replica_taken_back() -> None:
+    stub = Stub("a", error=ab.BackendUnavailableError("HTTP 503"), ready=False)
+    router = Router([stub], cooldown=0.01, wait=30)
+    with pytest.raises(ab.BackendUnavailableError):
+        await router.call("generate", req())
+    waiting = asyncio.ensure_future(router.call("generate", req()))
+    await until(lambda: stub.probes >= 1)
+    assert not waiting.done()
+    stub.ready, stub.error = True, None
+    assert (await waiting).text == "a"  # type: ignore[union-attr]
+    await router.aclose()
+
+
+def test_affinity_keeps_a_prefix_on_one_replica_bounded_by_load() -> None:
+    replicas = [Replica(Stub(str(i)), label=f"r{i}", capacity=4) for i in range(4)]
+    router = Router(replicas, routing="affinity", affinity_chars=20, seed=0)
+    shot = "Q: 1+1? A: 2\nQ: 2+2? A: 4\n"
+    first = router.choose(req(shot + "Q: 3+3?"))
+    assert all(router.choose(req(shot + f"Q: {i}+{i}?")) is first for i in range(50))
+    spread = {router.choose(req(f"{i:04d} distinct prompt")) for i in range(200)}
+    assert len(spread) == 4  # different prefixes spread over the replicas
+    assert first is not None
+    first.in_flight = 6  # over 1.25x its share of the 7 in flight: the prefix's next replica takes it
+    other = router.choose(req(shot + "Q: 9+9?"))
+    assert other is not first
