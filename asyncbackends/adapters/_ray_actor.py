@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..errors import AsyncBackendsError, BackendError
+from ..errors import AsyncBackendsError, BackendError, BackendUnavailableError
 from ..loop import get_loop_manager
 from ..protocol import AsyncBackend
 from ..registry import acreate_backend
@@ -111,18 +111,21 @@ class ReplicaActor:
         self.answered[getattr(request, "request_id", None)] += 1
         return True, result
 
-    async def check(self) -> bool:
-        """Whether the hosted backend is built, open, and passes its own ``check`` where it has one."""
+    async def check_ready(self) -> Reply:
+        """The readiness probe: the hosted backend is built and open, and passes its own ``check_ready``."""
         backend = self._backend
         if backend is None or getattr(backend, "closed", False):
-            return False
-        own_check = getattr(backend, "check", None)
+            return False, BackendUnavailableError(f"Ray replica {self.replica} hosts no open backend")
+        own_check = getattr(backend, "check_ready", None)
         if own_check is None:
-            return True
+            return True, None
         try:
-            return bool(await get_loop_manager().arun(own_check()))
-        except Exception:
-            return False
+            await get_loop_manager().arun(own_check())
+        except AsyncBackendsError as exc:
+            return False, exc
+        except Exception as exc:
+            return False, BackendUnavailableError(f"{type(exc).__name__}: {exc}", backend=self._name)
+        return True, None
 
     def stats(self) -> dict[str, Any]:
         """Requests answered by request id, and requests in flight: what tests and operators count."""

@@ -8,11 +8,13 @@ backend = ab.create_backend(
 ```
 
 Each replica is a `ReplicaActor` (`_ray_actor`) hosting the backend named by ``backend``, built inside the
-actor through the registry (built-ins and third-party entry points alike) with ``options``. Requests go to
-the least busy live replica; results come back as each finishes, awaited on the shared loop (never
-``ray.get``). An actor or node lost mid-run: its in-flight requests are sent again to the survivors (they
-were never answered, so nothing is duplicated), and the replica is restarted or dropped per
-``on_replica_loss``, with a warning in the log and a count in `replica_events`.
+actor through the registry (built-ins and third-party entry points alike) with ``options``. Requests are
+routed by the project's one router (`asyncbackends.wrappers.router.Router`, as in a pool: load, health,
+cool-down, failover, affinity), each actor a replica whose readiness probe is the actor's liveness plus the
+hosted backend's ``check_ready``; results come back as each finishes, awaited on the shared loop (never
+``ray.get``). An actor or node lost mid-run: its in-flight requests go to the survivors inside the same
+attempt (they were never answered, so nothing is duplicated), and the replica is restarted or dropped per
+``on_replica_loss``, with a warning in the log and counts in `replica_events`.
 
 Start-up reserves one placement-group bundle per replica first, so a cluster too small for the request fails
 within ``placement_timeout`` with a message saying what is missing, instead of waiting forever; it then
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import ray
@@ -44,30 +47,31 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ..wrappers.router import Replica, ReplicaStats, Router
 from ._ray_actor import ReplicaActor
 from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
-from ._ray_replica import ActorReplica, ReplicaLostError
-from ._ray_router import ReplicaSet
+from ._ray_replica import ActorReplica, Started
 
 __all__ = ["RayBackend"]
 
 log = logging.getLogger("asyncbackends.adapters.ray")
 
 OnReplicaLoss = Literal["restart", "drop"]
-# Options of ours inside actor_options; the rest go to Ray's `.options()` as they are.
-_OUR_ACTOR_OPTIONS = ("placement_strategy",)
 _DEFAULT_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_concurrency": 10_000}
+# A lost replica's engine may take minutes to restart: the router waits and probes that long.
+_DEFAULT_ROUTER_OPTIONS: dict[str, Any] = {"wait": 60.0, "probe_timeout": 600.0}
 
 
 class RayBackend(BaseBackend):
     """Replicas of one backend as Ray actors. Build it with ``create_backend("ray", backend=..., ...)``.
 
     Args:
-        replicas: The started replicas.
-        spawn: Starts a replacement actor for a replica index (used when ``on_replica_loss="restart"``).
+        replicas: The replica slots, each with its started actor.
         cluster: The cluster, and whether this backend started it.
         group: The placement group holding one bundle per replica.
         on_replica_loss: ``"restart"`` a lost replica in its bundle, or ``"drop"`` it.
+        routing: The router's policy, ``"least_loaded"`` or ``"affinity"``.
+        router_options: Other `Router` options (``cooldown``, ``wait``, ``probe_timeout``, ...).
     """
 
     name = "ray"
@@ -76,23 +80,29 @@ class RayBackend(BaseBackend):
         self,
         replicas: list[ActorReplica],
         *,
-        spawn: Any,
         cluster: Cluster,
         group: PlacementGroup | None,
         on_replica_loss: OnReplicaLoss = "restart",
+        routing: str = "least_loaded",
+        router_options: Mapping[str, Any] | None = None,
     ) -> None:
         first = replicas[0]
         self.hosted = first.hosted
         self._fingerprint = first.fingerprint
-        self._spawn = spawn
         self._cluster, self._group = cluster, group
         self.on_replica_loss: OnReplicaLoss = on_replica_loss
-        self._replicas = ReplicaSet(replicas)
-        hint = first.capabilities.max_concurrency
-        self.capabilities: Capabilities = _scaled(first.capabilities, hint * len(replicas) if hint else None)
-        self.replica_events: Counter[str] = Counter()
-        """Counts of ``lost``, ``restarted``, ``dropped`` replicas and ``resent`` requests."""
-        self._restarts: set[asyncio.Task[None]] = set()
+        self._slots = list(replicas)
+        capacity = first.capabilities.max_concurrency
+        self._router = Router(
+            [Replica(slot, label=f"ray-{slot.index}", capacity=capacity) for slot in self._slots],
+            routing=routing,
+            **{**_DEFAULT_ROUTER_OPTIONS, **(router_options or {})},
+        )
+        for slot in self._slots:
+            slot.on_lost = self._lost
+        total = capacity * len(replicas) if capacity else None
+        self.capabilities: Capabilities = dataclasses.replace(first.capabilities, max_concurrency=total)
+        self._events: Counter[str] = Counter()
 
     @classmethod
     async def create(
@@ -104,6 +114,8 @@ class RayBackend(BaseBackend):
         address: str | None = None,
         actor_options: Mapping[str, Any] | None = None,
         on_replica_loss: OnReplicaLoss = "restart",
+        routing: str = "least_loaded",
+        router_options: Mapping[str, Any] | None = None,
         init_options: Mapping[str, Any] | None = None,
         placement_timeout: float = 120.0,
         start_timeout: float | None = None,
@@ -121,6 +133,9 @@ class RayBackend(BaseBackend):
                 ``runtime_env``, ...) plus ``placement_strategy`` (``"PACK"`` by default, ``"SPREAD"``,
                 ``"STRICT_PACK"``, ``"STRICT_SPREAD"``). ``num_cpus`` defaults to 1.
             on_replica_loss: ``"restart"`` a lost replica (in its reserved bundle) or ``"drop"`` it.
+            routing: ``"least_loaded"`` (default) or ``"affinity"`` (prompt prefixes kept on one replica).
+            router_options: Other `Router` options: ``cooldown``, ``max_cooldown``, ``wait`` (60 s here),
+                ``probe_timeout`` (600 s here: a probe waits for a restarting engine), ``affinity_chars``, ...
             init_options: ``ray.init`` options for a cluster this backend starts (``num_cpus``,
                 ``object_store_memory``, ``include_dashboard``, ...).
             placement_timeout: Seconds to wait for the cluster to hold every replica before failing.
@@ -138,55 +153,26 @@ class RayBackend(BaseBackend):
             raise InvalidRequestError(f"on_replica_loss must be 'restart' or 'drop', got {on_replica_loss!r}")
         if not isinstance(backend, str) or not backend or backend == "ray":
             raise InvalidRequestError(f"backend must name the backend each replica hosts, got {backend!r}")
+        Router([object()], routing=routing, **(router_options or {}))  # refuse bad router options now
         hosted_options = dict(options or {})
         ray_options = {**_DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
         strategy = str(ray_options.pop("placement_strategy", "PACK")).upper()
         cluster = await connect(address, init_options or {})
         group: PlacementGroup | None = None
-        started: list[ActorReplica] = []
         try:
             group = await reserve(replicas, bundle_for(ray_options), strategy, placement_timeout)
-            actor_class: Any = ray.remote(ReplicaActor)  # Ray's generic handle types do not model .options()
-
-            async def spawn(index: int) -> ActorReplica:
-                strategy_ = PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=index, placement_group_capture_child_tasks=True
-                )
-                actor = actor_class.options(
-                    scheduling_strategy=strategy_, max_restarts=0, max_task_retries=0, **ray_options
-                ).remote(index)
-                try:
-                    where = await actor.where.remote()
-                    log.info("ray: replica %d placed on %s (pid %s)", index, where["host"], where["pid"])
-                    began = time.monotonic()
-                    starting = actor.start.remote(backend, hosted_options)
-                    ok, value = await asyncio.wait_for(starting, start_timeout)
-                except BaseException as exc:
-                    with contextlib.suppress(Exception):
-                        ray.kill(actor, no_restart=True)
-                    if isinstance(exc, TimeoutError):
-                        raise BackendUnavailableError(
-                            f"Ray replica {index}: backend {backend!r} did not start in {start_timeout} s",
-                            backend="ray",
-                        ) from None
-                    if isinstance(exc, ray.exceptions.RayError):
-                        raise BackendBrokenError(
-                            f"Ray replica {index} died starting backend {backend!r}: {exc}", backend="ray"
-                        ) from exc
-                    raise
-                if not ok:
-                    with contextlib.suppress(Exception):
-                        ray.kill(actor, no_restart=True)
-                    raise value
-                log.info(
-                    "ray: replica %d ready: %s in %.1f s", index, value["name"], time.monotonic() - began
-                )
-                return ActorReplica(index, actor, value)
-
+            spawn = _spawner(group, ray_options, backend, hosted_options, start_timeout)
             started = await _start_all(spawn, replicas, progress)
-            return cls(started, spawn=spawn, cluster=cluster, group=group, on_replica_loss=on_replica_loss)
+            slots = [ActorReplica(i, one, spawn=spawn) for i, one in enumerate(started)]
+            return cls(
+                slots,
+                cluster=cluster,
+                group=group,
+                on_replica_loss=on_replica_loss,
+                routing=routing,
+                router_options=router_options,
+            )
         except BaseException:
-            await asyncio.gather(*(r.aclose() for r in started), return_exceptions=True)
             await release(group)
             await cluster.shutdown()
             raise
@@ -200,86 +186,96 @@ class RayBackend(BaseBackend):
 
     @property
     def replicas(self) -> list[ActorReplica]:
-        """The live replicas."""
-        return self._replicas.live()
+        """The replica slots not dropped (a slot being restarted included)."""
+        return [slot for slot in self._slots if not slot.dropped]
+
+    @property
+    def router(self) -> Router:
+        """The router (its replicas' state and figures)."""
+        return self._router
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        """Each replica's figures as the router sees them: state, in flight, requests, failures."""
+        return self._router.stats()
+
+    @property
+    def replica_events(self) -> Counter[str]:
+        """Counts of replicas ``lost``, ``restarted``, ``dropped``, and of requests ``resent``.
+
+        A request is resent when a lost replica never answered it: the router sends it to another.
+        """
+        return self._events + Counter({"resent": sum(slot.unanswered for slot in self._slots)})
 
     def __repr__(self) -> str:
-        return f"RayBackend({self.hosted!r}, replicas={len(self._replicas.live())})"
+        return f"RayBackend({self.hosted!r}, replicas={len(self.replicas)})"
 
     # -- requests --------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate on the least busy live replica."""
+        """Generate on the replica the router picks."""
         return await self._route("generate", request)  # type: ignore[no-any-return]
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score on the least busy live replica."""
+        """Score on the replica the router picks."""
         return await self._route("loglikelihood", request)  # type: ignore[no-any-return]
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score a whole text on the least busy live replica."""
+        """Score a whole text on the replica the router picks."""
         return await self._route("loglikelihood_rolling", request)  # type: ignore[no-any-return]
 
     async def _route(self, method: str, request: Any) -> Any:
-        # The replica set's state lives on the shared loop, whichever loop the caller awaits from.
-        return await get_loop_manager().arun(self._send(method, request))
+        self._check_open(request.request_id)
+        if all(slot.dropped for slot in self._slots):
+            raise BackendUnavailableError(
+                "every Ray replica was lost and dropped", backend="ray", request_id=request.request_id
+            )
+        # The router's state lives on the shared loop, whichever loop the caller awaits from.
+        return await get_loop_manager().arun(self._router.call(method, request))
 
-    async def _send(self, method: str, request: Any) -> Any:
-        while True:
-            self._check_open(request.request_id)
-            replica = await self._replicas.pick(lambda: bool(self._restarts))
-            self._check_open(request.request_id)
-            if replica is None:
-                raise BackendUnavailableError(
-                    "every Ray replica was lost", backend="ray", request_id=request.request_id
-                )
-            try:
-                return await getattr(replica, method)(request)
-            except ReplicaLostError as exc:
-                if self._closed:
-                    raise
-                self._lost(replica, exc)
-                # Never answered: sending it again cannot duplicate it.
-                self.replica_events["resent"] += 1
+    async def check_ready(self) -> None:
+        """Return while any replica is healthy (a Ray backend can be a replica of a pool too).
 
-    def _lost(self, replica: ActorReplica, exc: BaseException) -> None:
-        if not self._replicas.remove(replica):
-            return  # another request already reported this replica
-        self.replica_events["lost"] += 1
-        action = self.on_replica_loss
-        log.warning(
-            "ray: replica %d (pid %s) lost (%s); its in-flight requests go to the %d other(s); %s",
-            replica.index,
-            replica.info.get("pid"),
-            exc.__cause__.__class__.__name__ if exc.__cause__ else exc,
-            len(self._replicas.live()),
-            "restarting it" if action == "restart" else "dropping it",
-        )
-        with contextlib.suppress(Exception):
-            ray.kill(replica.actor, no_restart=True)
-        if action == "drop":
-            self.replica_events["dropped"] += 1
-            return
-        task = asyncio.ensure_future(self._restart(replica.index))
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
-        task.add_done_callback(lambda _: self._replicas.wake())
+        Raises:
+            BackendUnavailableError: No replica is healthy now.
+        """
+        self._check_open()
+        if not self._router.healthy():
+            raise BackendUnavailableError("no healthy Ray replica", backend=self.name)
 
-    async def _restart(self, index: int) -> None:
-        try:
-            replica = await self._spawn(index)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.replica_events["dropped"] += 1
-            log.error("ray: replica %d could not be restarted (%s); dropped", index, exc)
-            return
+    # -- losses ----------------------------------------------------------------------------------------
+
+    def _replica(self, slot: ActorReplica) -> Replica:
+        return self._router.replicas[self._slots.index(slot)]
+
+    def _lost(self, slot: ActorReplica, exc: BaseException) -> None:
+        self._events["lost"] += 1
         if self._closed:
-            await replica.aclose()
             return
-        self._replicas.add(replica)
-        self.replica_events["restarted"] += 1
-        log.warning("ray: replica %d restarted (pid %s)", index, replica.pid)
+        restart = self.on_replica_loss == "restart"
+        log.warning(
+            "ray: replica %d (pid %s) lost (%s); its in-flight requests go to the others; %s",
+            slot.index,
+            slot.info.get("pid"),
+            type(exc.__cause__ or exc).__name__,
+            "restarting it" if restart else "dropping it (on_replica_loss='drop')",
+        )
+        if restart:
+            slot.restart(self._restarted)
+        else:
+            slot.drop()
+            self._events["dropped"] += 1
+            self._router.refuse(self._replica(slot), "lost; dropped (on_replica_loss='drop')")
+
+    def _restarted(self, slot: ActorReplica, error: BaseException | None) -> None:
+        if error is not None:
+            self._events["dropped"] += 1
+            log.error("ray: replica %d could not be restarted (%s); dropped", slot.index, error)
+            self._router.refuse(self._replica(slot), f"lost; restart failed: {error}")
+            return
+        self._events["restarted"] += 1
+        log.warning(
+            "ray: replica %d restarted (pid %s); taken back once its probe passes", slot.index, slot.pid
+        )
 
     # -- lifetime --------------------------------------------------------------------------------------
 
@@ -287,18 +283,63 @@ class RayBackend(BaseBackend):
         await get_loop_manager().arun(self._close_all())
 
     async def _close_all(self) -> None:
-        for task in list(self._restarts):
-            task.cancel()
-        if self._restarts:
-            await asyncio.wait(list(self._restarts), timeout=30)
-        replicas = self._replicas.close()
-        await asyncio.gather(*(r.aclose() for r in replicas), return_exceptions=True)
+        await self._router.aclose()
+        await asyncio.gather(*(slot.aclose() for slot in self._slots), return_exceptions=True)
         await release(self._group)
         self._group = None
         await self._cluster.shutdown()
 
 
-async def _start_all(spawn: Any, replicas: int, progress: bool) -> list[ActorReplica]:
+def _spawner(
+    group: PlacementGroup,
+    ray_options: Mapping[str, Any],
+    backend: str,
+    hosted_options: Mapping[str, Any],
+    start_timeout: float | None,
+) -> Callable[[int], Awaitable[Started]]:
+    """A function starting the actor of replica ``index`` in its bundle, reporting progress in the log."""
+    actor_class: Any = ray.remote(ReplicaActor)  # Ray's generic handle types do not model .options()
+
+    async def spawn(index: int) -> Started:
+        strategy = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=index, placement_group_capture_child_tasks=True
+        )
+        actor = actor_class.options(
+            scheduling_strategy=strategy, max_restarts=0, max_task_retries=0, **ray_options
+        ).remote(index)
+        try:
+            where = await actor.where.remote()
+            log.info("ray: replica %d placed on %s (pid %s)", index, where["host"], where["pid"])
+            began = time.monotonic()
+            starting = actor.start.remote(backend, dict(hosted_options))
+            ok, value = await asyncio.wait_for(starting, start_timeout)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            if isinstance(exc, TimeoutError):
+                raise BackendUnavailableError(
+                    f"Ray replica {index}: backend {backend!r} did not start in {start_timeout} s",
+                    backend="ray",
+                ) from None
+            if isinstance(exc, ray.exceptions.RayError):
+                raise BackendBrokenError(
+                    f"Ray replica {index} died starting backend {backend!r}: {exc}", backend="ray"
+                ) from exc
+            raise
+        if not ok:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise value
+        log.info("ray: replica %d ready: %s in %.1f s", index, value["name"], time.monotonic() - began)
+        return actor, value
+
+    return spawn
+
+
+async def _start_all(
+    spawn: Callable[[int], Awaitable[Started]], replicas: int, progress: bool
+) -> list[Started]:
+    """Start every replica at once; on any failure (or cancellation) kill the ones that started."""
     bar: Any = None
     if progress:
         from tqdm.auto import tqdm
@@ -313,16 +354,13 @@ async def _start_all(spawn: Any, replicas: int, progress: bool) -> list[ActorRep
     except BaseException:
         for task in tasks:
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(r.aclose() for r in results if isinstance(r, ActorReplica)))
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, tuple):
+                with contextlib.suppress(Exception):
+                    ray.kill(outcome[0], no_restart=True)
         raise
     finally:
         if bar is not None:
             bar.close()
     return [task.result() for task in tasks]
-
-
-def _scaled(capabilities: Capabilities, max_concurrency: int | None) -> Capabilities:
-    import dataclasses
-
-    return dataclasses.replace(capabilities, max_concurrency=max_concurrency)

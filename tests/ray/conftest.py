@@ -7,8 +7,10 @@ fixture checks that no process of the cluster's session is left running.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,14 +45,28 @@ def ray_cluster() -> Iterator[Any]:
         pytest.fail("Ray was already initialised in this process")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local test cluster: no token file in $HOME
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    context = ray.init(
-        num_cpus=2,
-        object_store_memory=80 * 1024**2,
-        include_dashboard=False,
-        # Actors import this checkout's asyncbackends and tests (not an installed copy).
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-        log_to_driver=False,
-    )
+    # On a loaded machine the raylet's wait for its agent's port file (30 s by default) can run out: the
+    # raylet then aborts and ray.init fails. Wait longer, and try once more if the start still fails.
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+    for attempt in (1, 2):
+        try:
+            context = ray.init(
+                num_cpus=2,
+                object_store_memory=80 * 1024**2,
+                include_dashboard=False,
+                # Actors import this checkout's asyncbackends and tests (not an installed copy).
+                runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+                log_to_driver=False,
+            )
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            with warnings.catch_warnings():  # the failed start's process handles, dropped here on purpose
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
     session_dir = ray._private.worker._global_node.get_session_dir_path()
     yield context
     ab.get_loop_manager().shutdown()  # closes any backend a failed test left open, before Ray goes
