@@ -26,7 +26,7 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),  # a loaded 2-core machine: three engine start-ups and two lm-eval runs
     pytest.mark.usefixtures("ray_cluster"),
     # vLLM's engine shutdown leaves a ZMQ context for the garbage collector (as in tests/vllm).
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
