@@ -31,7 +31,11 @@ _ray_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_p
 
 async def in_ray_thread(function: Callable[[], T]) -> T:
     """Run a blocking Ray call on the long-lived Ray thread and await it."""
-    return await asyncio.wrap_future(_ray_thread.submit(function))
+    try:
+        future = _ray_thread.submit(function)
+    except RuntimeError:  # at interpreter exit the executor takes no more work: clean up here instead
+        return function()
+    return await asyncio.wrap_future(future)
 
 
 class Cluster:

@@ -153,7 +153,10 @@ class RayBackend(BaseBackend):
             raise InvalidRequestError(f"on_replica_loss must be 'restart' or 'drop', got {on_replica_loss!r}")
         if not isinstance(backend, str) or not backend or backend == "ray":
             raise InvalidRequestError(f"backend must name the backend each replica hosts, got {backend!r}")
-        Router([object()], routing=routing, **(router_options or {}))  # refuse bad router options now
+        try:  # refuse bad router options before anything starts
+            Router([object()], routing=routing, **(router_options or {}))
+        except TypeError as exc:
+            raise InvalidRequestError(f"router_options: {exc}") from None
         hosted_options = dict(options or {})
         ray_options = {**_DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
         strategy = str(ray_options.pop("placement_strategy", "PACK")).upper()

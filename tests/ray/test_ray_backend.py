@@ -193,6 +193,10 @@ def test_bad_options_are_refused_before_anything_starts() -> None:
         ab.create_backend("ray", backend="mock", on_replica_loss="ignore")
     with pytest.raises(ab.InvalidRequestError, match="unknown option"):
         ab.create_backend("ray", backend="mock", replica=2)
+    with pytest.raises(ab.InvalidRequestError, match="router_options"):
+        ab.create_backend("ray", backend="mock", router_options={"cooldwn": 1})
+    with pytest.raises(ab.InvalidRequestError, match="routing"):
+        ab.create_backend("ray", backend="mock", routing="round_robin")
 
 
 def test_a_second_driver_joins_through_ray_address_and_leaves_the_cluster_running(ray_cluster: Any) -> None:
