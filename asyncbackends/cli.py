@@ -3,6 +3,7 @@
 ```
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
+asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
 asyncbackends cache stats|clear PATH
 asyncbackends contract NAME [--option key=value ...]
 ```
@@ -169,8 +170,11 @@ def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     requests = _read_requests(Path(args.input))
     options = parse_options(args.option)
+    if args.replicas:
+        options["replicas"] = args.replicas  # the pool backend's replicas file
     backend = create_backend(args.backend, **options)
     metrics = RunMetrics()
+    metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
     try:
         outcomes = run_batch(
             backend,
@@ -226,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("input", help="JSONL file, one request per line")
     run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
     run.add_argument("--output", help="JSONL file for results (default: standard output)")
     run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
     run.add_argument("--timeout", type=float, help="seconds per attempt")

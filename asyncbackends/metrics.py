@@ -38,6 +38,8 @@ class RunMetrics:
         prompt_tokens: Prompt tokens over all results that reported them.
         completion_tokens: Generated tokens over all results.
         on_update: Called with this object after each finished request (progress postfix, exporters).
+
+    A pool's per-replica figures join the summary after ``metrics.track_replicas(pool)`` (the CLI does it).
     """
 
     requests: int = 0
@@ -53,6 +55,41 @@ class RunMetrics:
     finished: float | None = None
     _latencies: array[float] = field(default_factory=lambda: array("d"))
     _queue_times: array[float] = field(default_factory=lambda: array("d"))
+    _replica_source: Callable[[], Any] | None = field(default=None, repr=False)
+    _replica_base: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
+
+    def track_replicas(self, backend: Any) -> None:
+        """Report a pool's per-replica figures in `summary` and `format`, counted from now.
+
+        Does nothing for a backend without ``replica_stats()`` (anything but a pool), so it is safe to call
+        on any backend.
+        """
+        stats = getattr(backend, "replica_stats", None)
+        if not callable(stats):
+            return
+        self._replica_source = stats
+        self._replica_base = {s.label: (s.requests, s.successes, s.failures, s.cooldowns) for s in stats()}
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        """Per-replica figures since `track_replicas`, by replica label.
+
+        Requests (attempts sent), successes, failures and cool-downs since then; in flight and state now.
+        Empty when no pool is tracked.
+        """
+        if self._replica_source is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for s in self._replica_source():
+            base = self._replica_base.get(s.label, (0, 0, 0, 0))
+            out[s.label] = {
+                "requests": s.requests - base[0],
+                "successes": s.successes - base[1],
+                "failures": s.failures - base[2],
+                "cooldowns": s.cooldowns - base[3],
+                "in_flight": s.in_flight,
+                "state": s.state,
+            }
+        return out
 
     def _record_latency(self, seconds: float, queued: float) -> None:
         self._latencies.append(seconds)
@@ -76,7 +113,7 @@ class RunMetrics:
         queued = sorted(self._queue_times)
         elapsed = self.elapsed
         done = self.successes + self.failed
-        return {
+        summary: dict[str, Any] = {
             "requests": self.requests,
             "successes": self.successes,
             "failed": self.failed,
@@ -95,6 +132,10 @@ class RunMetrics:
             "completion_tokens": self.completion_tokens,
             "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
         }
+        replicas = self.replicas()
+        if replicas:
+            summary["replicas"] = replicas
+        return summary
 
     def format(self) -> str:
         """A few human-readable lines of `summary`, as the CLI prints them."""
@@ -106,13 +147,17 @@ class RunMetrics:
         rate = "-" if s["requests_per_s"] is None else f"{s['requests_per_s']:.1f} req/s"
         tps = "-" if s["completion_tokens_per_s"] is None else f"{s['completion_tokens_per_s']:.1f} tok/s"
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
-        return "\n".join(
-            [
-                f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
-                f"retries: {s['retries']}  cache hits: {s['cache_hits']}",
-                f"errors: {errors}",
-                f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",
-                f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
-                f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
-            ]
-        )
+        lines = [
+            f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
+            f"retries: {s['retries']}  cache hits: {s['cache_hits']}",
+            f"errors: {errors}",
+            f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",
+            f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
+            f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
+        ]
+        for label, r in s.get("replicas", {}).items():
+            lines.append(
+                f"replica {label}: {r['state']}  requests: {r['requests']}  ok: {r['successes']}  "
+                f"failed: {r['failures']}  cool-downs: {r['cooldowns']}  in flight: {r['in_flight']}"
+            )
+        return "\n".join(lines)

@@ -4,7 +4,7 @@ It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
 status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
 latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
-connections and hangs; counters record attempts per input and the peak of requests in flight; with
+connections and hangs; counters record attempts and answers per input and the peak of requests in flight; with
 ``check_schema`` every request and response is validated against the OpenAPI spec and any violation kept
 in `schema_violations`.
 
@@ -117,6 +117,7 @@ class FakeTGIServer:
         self.healthy = True
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()  # inputs answered 200, by input
         self.statuses: Counter[int] = Counter()
         self.paths: Counter[str] = Counter()
         self.received: list[tuple[str, Any]] = []
@@ -218,9 +219,12 @@ class FakeTGIServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                return await run(body, key)
+                response = await run(body, key)
             finally:
                 self.in_flight -= 1
+            if getattr(response, "status", None) == 200:
+                self.answered[key] += 1
+            return response
         except WireError as err:
             headers = {"Retry-After": self.retry_after} if err.status == 429 and self.retry_after else None
             return self._error(path, err, headers)

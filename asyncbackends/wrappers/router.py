@@ -13,9 +13,10 @@ router probes with a one-token generation.
 What the router does with one attempt (`Router.call`):
 
 - **Load**: the attempt goes to the healthy replica with the fewest requests in flight relative to its
-  capacity (ties broken at random); with more than `POWER_OF_TWO_ABOVE` candidates, to the less loaded of
-  two drawn at random (power of two choices). A slow replica holds its requests longer, so by Little's law
-  it is sent fewer per second: in-flight counts are the speed signal, no latency estimate is needed.
+  capacity (ties broken at random); with more than `POWER_OF_TWO_ABOVE` candidates, to the less loaded
+  of two drawn at random (power of two choices). A slow replica holds its requests longer,
+  so by Little's law it is sent fewer per second: in-flight counts are the speed signal, no latency
+  estimate is needed.
 - **Health**: a replica fault (refused or dropped connection, 5xx, 429, a timeout, a dead engine) cools the
   replica down at once: it gets no attempt until a background probe (`check_ready`, then the ``verify`` hook
   the owner gives) succeeds after the cool-down. Cool-downs double with each fault in a row (from
@@ -26,9 +27,9 @@ What the router does with one attempt (`Router.call`):
   another replica is healthy, so `gather`'s retry goes elsewhere. With no healthy replica, an attempt waits
   up to ``wait`` seconds for one to be taken back before failing with `BackendUnavailableError`.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
-  replica (rendezvous hashing of that prefix), so its prefix cache serves them, unless it holds more than
-  ``affinity_slack`` times its fair share of the requests in flight (consistent hashing with bounded
-  loads); then the next replica in the prefix's order takes it.
+  replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
+  its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
+  in flight (consistent hashing with bounded loads); otherwise the next replica in the prefix's order.
 
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`,
 the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
@@ -276,8 +277,8 @@ class Router:
             checks the model it serves): raising `InvalidRequestError` refuses the replica for good, any
             other exception counts as a failed probe.
         affinity_chars: Characters of the prompt that decide its replica under affinity routing.
-        affinity_slack: Under affinity routing, a replica takes a request while it holds fewer than this
-            times its share (by capacity) of the requests in flight.
+        affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
+            takes a request while it holds fewer than this times its share of the requests in flight.
         seed: Seed of the tie-breaking and sampling generator.
 
     Raises:
@@ -348,6 +349,7 @@ class Router:
             return a if a.load <= b.load else b
         best = min(r.load for r in candidates)
         ties = [r for r in candidates if r.load == best]
+        # At random among equals: a rule such as "the one sent the fewest" would favour a slow replica.
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
 
     def _affine(self, key: bytes, candidates: list[Replica]) -> Replica:
@@ -359,6 +361,8 @@ class Router:
         total = sum(r.in_flight for r in candidates) + 1
         weights = sum(r.weight for r in candidates)
         for replica in sorted(candidates, key=rank, reverse=True):
+            if replica.capacity is not None and replica.in_flight < replica.capacity:
+                return replica  # room to spare: keeping the prefix here costs no throughput
             bound = math.ceil(self.affinity_slack * total * replica.weight / weights)
             if replica.in_flight + 1 <= bound:
                 return replica
