@@ -7,6 +7,7 @@ fixture checks that no process of the cluster's session is left running.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -39,6 +40,23 @@ def session_processes(session_dir: str) -> list[str]:
     return found
 
 
+def stop_ray_children() -> None:
+    """Kill this process's Ray descendants (only ever called before our own cluster starts)."""
+    import psutil
+
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "ray" in " ".join([child.name(), *child.cmdline()]):
+                children.append(child)
+        except psutil.Error:
+            continue
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=30)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     if ray.is_initialized():
@@ -64,7 +82,10 @@ def ray_cluster() -> Iterator[Any]:
             ray.shutdown()
             if attempt == 2:
                 raise
-            with warnings.catch_warnings():  # the failed start's process handles, dropped here on purpose
+            # ray.shutdown() after a failed start leaves the processes it did start (GCS, dashboard,
+            # monitors): stop them, then drop their handles without ResourceWarnings.
+            stop_ray_children()
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ResourceWarning)
                 gc.collect()
     session_dir = ray._private.worker._global_node.get_session_dir_path()
