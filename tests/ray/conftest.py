@@ -47,7 +47,12 @@ def stop_ray_children() -> None:
     children = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "ray" in " ".join([child.name(), *child.cmdline()]):
+            cmdline = " ".join(child.cmdline())
+            if (
+                child.name() in ("gcs_server", "raylet")
+                or "-packages/ray/" in cmdline
+                or cmdline.startswith("ray::")
+            ):
                 children.append(child)
         except psutil.Error:
             continue
