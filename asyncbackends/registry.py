@@ -63,6 +63,7 @@ _BUILTINS: dict[str, _Builtin] = {
         "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")
     ),
     "pool": _Builtin("asyncbackends.wrappers.pool:PoolBackend", None, ()),
+    "ray": _Builtin("asyncbackends.adapters.ray:RayBackend", "ray", ("ray",)),
 }
 
 _registered: dict[str, str] = {}
