@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import threading
 import warnings
@@ -123,7 +124,11 @@ def _stop_quietly(engine: AsyncLLM) -> None:
     for handler in handlers:
         handler.addFilter(quiet)
     try:
-        engine.shutdown(timeout=_PROCESS_STOP_TIMEOUT)
+        # ``timeout`` is newer than some vLLM releases this adapter runs on (0.26 lacks it).
+        if "timeout" in inspect.signature(engine.shutdown).parameters:
+            engine.shutdown(timeout=_PROCESS_STOP_TIMEOUT)
+        else:
+            engine.shutdown()
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
