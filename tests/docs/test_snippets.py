@@ -13,6 +13,7 @@ checks them, then get the same engine, whose ``close`` is left to this module.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import re
@@ -149,3 +150,6 @@ def test_page_snippets_run(
             raise AssertionError(
                 f"the ```python block at {where} failed: {type(exc).__name__}: {exc}"
             ) from exc
+    del namespace
+    # Collected here, a session or engine a page's snippets leave open fails that page, not a later test.
+    gc.collect()
