@@ -156,6 +156,8 @@ class MockBackend(BaseBackend):
             raise
         finally:
             self.in_flight -= 1
+        # Closed while this request was in flight: it ends as closed, not as a result (closed is closed).
+        self._check_open(request_id)
         failing = self.attempts[key] <= self.fail_attempts or (
             self.failure_rate and self._rng.random() < self.failure_rate
         )

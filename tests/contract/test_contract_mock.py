@@ -32,13 +32,3 @@ class TestMockContract(BackendContract):
     @pytest.fixture
     def decode(self) -> Callable[[Sequence[int]], str]:
         return lambda ids: "".join(map(chr, ids))
-
-    @pytest.mark.xfail(
-        reason="MockBackend (like BaseBackend) checks the closed state only when a request starts, so a "
-        "request in flight at aclose() still comes back as a result: issue 14 item 5 (closed is not closed)",
-        strict=False,
-    )
-    def test_aclose_ends_requests_in_flight(
-        self, make_backend: Callable[[], ab.AsyncBackend], prompts: Sequence[str]
-    ) -> None:
-        super().test_aclose_ends_requests_in_flight(make_backend, prompts)
