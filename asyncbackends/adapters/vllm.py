@@ -263,6 +263,10 @@ class VLLMBackend(BaseBackend):
                 request_id=request_id,
                 retryable=False,
             ) from exc
+        if self._closed:
+            # aclose() aborted the engine's requests: what the engine hands back is an aborted fragment, not
+            # a result (closed is closed).
+            raise self._dead(RuntimeError("closed"), request_id)
         if final is None or not final.finished:
             raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
         return final
