@@ -92,6 +92,9 @@ async def stop_engine(engine: AsyncLLM) -> None:
     fail with ``zmq.error.ContextTerminated``, printed as a traceback.
     """
     resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    here = asyncio.get_running_loop()
+    # Only tasks on this loop can be awaited: an engine built on a loop manager that was shut down since
+    # (a fresh one follows) has its tasks on a closed loop, where they will never run again.
     tasks = [
         task
         for task in (
@@ -99,7 +102,7 @@ async def stop_engine(engine: AsyncLLM) -> None:
             getattr(resources, "output_queue_task", None),
             getattr(resources, "stats_update_task", None),
         )
-        if isinstance(task, asyncio.Task) and not task.done()
+        if isinstance(task, asyncio.Task) and not task.done() and task.get_loop() is here
     ]
     await asyncio.to_thread(_stop_quietly, engine)
     for task in tasks:  # vLLM cancels them from its thread; make sure, then let them finish
