@@ -23,6 +23,7 @@ __all__ = [
     "plan_rolling",
     "scored_result",
     "split_trailing_space",
+    "tail_logprobs",
 ]
 
 Tokenizer = Callable[[str], list[int]]
@@ -115,6 +116,34 @@ def logprob_of(step: Mapping[int, Any] | None, token: int) -> float:
     """The logprob vLLM reported for ``token`` at one step (NaN where it reported none)."""
     entry = step.get(token) if step is not None else None
     return float(entry.logprob) if entry is not None else float("nan")
+
+
+def tail_logprobs(rows: Any, plan: ScoringPlan) -> list[tuple[float, bool]] | None:
+    """The (logprob, is it the top-1 token) of the plan's scored tokens, from vLLM's prompt logprobs.
+
+    ``rows`` holds one entry per prompt token: a ``{token: Logprob}`` dict (``None`` for the first), or
+    vLLM's ``FlatLogprobs``, read through its flat lists so no dict is built per position. ``None`` when a
+    scored token is missing.
+    """
+    first = len(plan.token_ids) - plan.scored
+    starts = getattr(rows, "start_indices", None)
+    if starts is None:
+        scored = []
+        for token, row in zip(plan.token_ids[first:], rows[first:], strict=True):
+            entry = row.get(token) if row is not None else None
+            if entry is None:
+                return None
+            scored.append((float(entry.logprob), entry.rank == 1))
+        return scored
+    ends, tokens, logprobs, ranks = rows.end_indices, rows.token_ids, rows.logprobs, rows.ranks
+    flat = []
+    for position in range(first, len(plan.token_ids)):
+        token = plan.token_ids[position]
+        found = [i for i in range(starts[position], ends[position]) if tokens[i] == token]
+        if not found:
+            return None
+        flat.append((float(logprobs[found[0]]), ranks[found[0]] == 1))
+    return flat
 
 
 def scored_result(request_id: str | None, scored: Sequence[tuple[float, bool]]) -> LoglikelihoodResult:
