@@ -85,7 +85,7 @@ _FINGERPRINT_OPTIONS = (
 
 
 @functools.cache
-def _flat_logprobs() -> dict[str, bool]:
+def _flat_logprobs() -> dict[str, Any]:
     # vLLM turns every prompt position's logprobs into a dict of Logprob objects on the loop that serves
     # the requests, which was the largest cost of scoring (1.1 of 3.2 s for lm-eval's 1,200 multiple-choice
     # requests on the CPU); FlatLogprobs keeps them in flat lists instead. Older vLLM has no such field.
