@@ -142,16 +142,24 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         """The backend's registry name, for logs and results."""
         return str(getattr(self.backend, "name", type(self.backend).__name__))
 
-    def _run(self, requests: Sequence[Any], label: str) -> list[Any]:
-        return run_batch(
+    def _run(self, requests: Sequence[Any], label: str, order: Sequence[int] | None = None) -> list[Any]:
+        """One `run_batch` over ``requests`` sent in ``order`` (indices); results come back in input order."""
+        sent = requests if order is None else [requests[i] for i in order]
+        results = run_batch(
             self.backend,
-            requests,
+            sent,
             concurrency=self.concurrency,
             timeout=self.timeout,
             retry=self.retry,
             progress=f"{self.backend_name}: {label}" if self.progress and self.rank == 0 else False,
             cache=self.cache,
         )
+        if order is None:
+            return results
+        ordered: list[Any] = [None] * len(results)
+        for position, index in enumerate(order):
+            ordered[index] = results[position]
+        return ordered
 
     # -- scoring -------------------------------------------------------------------------------------
 
@@ -162,7 +170,10 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         for index, (context, continuation) in enumerate(args):
             context, continuation = split_trailing_space(context, continuation)
             batch.append(LoglikelihoodRequest(context, continuation, request_id=f"loglikelihood-{index}"))
-        results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood")
+        # Longest contexts first, so the engine's batches stay full to the end; a context's continuations
+        # next to each other, so an engine with a prefix cache finds the context it has just computed.
+        order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0], -len(args[i][1])))
+        results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood", order)
         answers = []
         for arg, result in zip(args, results, strict=True):
             if result.is_greedy is None and not self._warned_is_greedy:
@@ -240,7 +251,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             GenerationRequest(context, self.sampling_params(gen_kwargs), request_id=f"generate-{index}")
             for index, (context, gen_kwargs) in enumerate(args)
         ]
-        results: list[GenerationResult] = self._run(batch, "generate_until")
+        # Longest prompts first: the last requests to start are the short ones, so the run's tail is short.
+        order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0]))
+        results: list[GenerationResult] = self._run(batch, "generate_until", order)
         answers = []
         for arg, request, result in zip(args, batch, results, strict=True):
             text = result.text
