@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._tasks import all_or_nothing
@@ -132,6 +132,9 @@ class VLLMBackend(BaseBackend):
         if stand_in is None:
             raise InvalidRequestError(f"model {model!r}: its tokenizer has neither a BOS nor an EOS token")
         self._stand_in: int = stand_in
+        # A multiple-choice question's continuations share its context, and evaluation harnesses send them
+        # one after the other: a small cache of encodings spares encoding that context again for each.
+        self._encode_cached: Callable[[str], list[int]] = functools.lru_cache(maxsize=64)(self._encode)
         # The engine refuses a prompt that leaves no room for one generated token.
         self._max_prompt_tokens = self.max_model_len - 1
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
@@ -420,7 +423,7 @@ class VLLMBackend(BaseBackend):
         plan = plan_loglikelihood(
             request.context,
             request.continuation,
-            encode=self._encode,
+            encode=self._encode_cached,
             prefix=self._prefix,
             empty_context_token=self._stand_in,
             max_prompt_tokens=self._max_prompt_tokens,

@@ -64,8 +64,9 @@ _OPTIONAL_KEYS = {
     "json_schema": "json_schema",
     "regex": "regex",
 }
-# Keys whose value here asks for nothing beyond the default (one beam, one sequence): nothing to map.
-_DEFAULT_VALUES: dict[str, Any] = {"num_beams": 1, "num_return_sequences": 1}
+# Keys whose value here asks for nothing beyond the default (one beam, one sequence, special tokens left out
+# of the text, as every backend here decodes): nothing to map.
+_DEFAULT_VALUES: dict[str, Any] = {"num_beams": 1, "num_return_sequences": 1, "skip_special_tokens": True}
 
 
 def _concurrency(concurrency: int | None, batch_size: Any) -> int | None:

@@ -135,6 +135,11 @@ def test_unknown_generation_kwargs_are_errors(lm: Any) -> None:
     # Dropping one in silence would run the evaluation with settings nobody asked for (issue 19).
     with pytest.raises(ab.InvalidRequestError, match=r"num_beams=4.*ignore_gen_kwargs=num_beams"):
         lm.sampling_params({"until": [], "num_beams": 4})
+    # Special tokens are left out of the text by every backend: asking for that asks for nothing; asking to
+    # keep them (lm-eval's vllm model does by default) cannot be honoured.
+    assert lm.sampling_params({"until": [], "skip_special_tokens": True}) == lm.sampling_params({"until": []})
+    with pytest.raises(ab.InvalidRequestError, match=r"skip_special_tokens=False"):
+        lm.sampling_params({"until": [], "skip_special_tokens": False})
 
 
 def test_generate_until_stops_and_keeps_order(lm: Any) -> None:
@@ -145,6 +150,46 @@ def test_generate_until_stops_and_keeps_order(lm: Any) -> None:
         ("line one\nline two", {"until": ["\n"], "max_gen_toks": 50, "do_sample": False}),
     ]
     assert lm.generate_until(_instances("generate_until", args)) == ["Q: one", "sho", "line one"]
+
+
+class _Recording:
+    """The mock backend, recording the order in which requests reach it."""
+
+    name = "mock"
+
+    def __init__(self) -> None:
+        self.inner = MockBackend()
+        self.capabilities = self.inner.capabilities
+        self.seen: list[Any] = []
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        self.seen.append(request.context)
+        return await self.inner.loglikelihood(request)
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.seen.append(request.prompt)
+        return await self.inner.generate(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_requests_go_longest_first_with_a_contexts_continuations_together() -> None:
+    backend = _Recording()
+    lm = AsyncBackendsLM(backend, concurrency=1, progress=False)  # one at a time: arrival order = send order
+    try:
+        pairs = [("short", " a"), ("a much longer one", " x"), ("short", " bb"), ("mid one", " z")]
+        pairs.append(("a much longer one", " yy"))
+        got = lm.loglikelihood(_instances("loglikelihood", pairs))
+        assert backend.seen == ["a much longer one"] * 2 + ["mid one"] + ["short"] * 2
+        assert got == [(r.logprob, bool(r.is_greedy)) for r in (_mock_score(c, x) for c, x in pairs)]
+        backend.seen.clear()
+        prompts = ["b", "ccc", "a", "dd"]
+        texts = lm.generate_until(_instances("generate_until", [(p, {"max_gen_toks": 2}) for p in prompts]))
+        assert backend.seen == ["ccc", "dd", "a", "b"]
+        assert texts == [p[:2] for p in prompts]  # the mock echoes its prompt: each answer in its place
+    finally:
+        lm.close()
 
 
 def test_concurrency_bounds_in_flight_requests() -> None:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncbackends.adapters._scoring import plan_loglikelihood, plan_rolling, split_trailing_space
+from asyncbackends.adapters._scoring import (
+    ScoringPlan,
+    plan_loglikelihood,
+    plan_rolling,
+    split_trailing_space,
+    tail_logprobs,
+)
 
 
 def _chars(text: str) -> list[int]:
@@ -84,3 +92,31 @@ def test_rolling_windows_score_every_token_once_with_full_context(n: int, window
 def test_rolling_needs_room_for_a_context_token() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         plan_rolling([1, 2], prefix_token=0, max_prompt_tokens=1)
+
+
+def _flat(rows: list[dict[int, SimpleNamespace] | None]) -> SimpleNamespace:
+    # The shape of vLLM's FlatLogprobs: every position's entries in flat lists, sliced by start/end indices.
+    flat = SimpleNamespace(start_indices=[], end_indices=[], token_ids=[], logprobs=[], ranks=[])
+    for row in rows:
+        flat.start_indices.append(len(flat.token_ids))
+        for token, entry in (row or {}).items():
+            flat.token_ids.append(token)
+            flat.logprobs.append(entry.logprob)
+            flat.ranks.append(entry.rank)
+        flat.end_indices.append(len(flat.token_ids))
+    return flat
+
+
+def test_tail_logprobs_reads_dict_rows_and_flat_rows_alike() -> None:
+    plan = ScoringPlan((1, 2, 3, 4), scored=2)
+    rows: list[dict[int, SimpleNamespace] | None] = [
+        None,
+        {2: SimpleNamespace(logprob=-9.0, rank=4)},
+        {3: SimpleNamespace(logprob=-0.5, rank=1)},
+        {4: SimpleNamespace(logprob=-1.5, rank=2), 7: SimpleNamespace(logprob=-0.1, rank=1)},
+    ]
+    assert tail_logprobs(rows, plan) == [(-0.5, True), (-1.5, False)]
+    assert tail_logprobs(_flat(rows), plan) == [(-0.5, True), (-1.5, False)]
+    missing = [*rows[:3], {7: SimpleNamespace(logprob=-0.1, rank=1)}]
+    assert tail_logprobs(missing, plan) is None
+    assert tail_logprobs(_flat(missing), plan) is None
