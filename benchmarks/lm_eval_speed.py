@@ -12,6 +12,11 @@ against lm-eval's model.
 
     python benchmarks/lm_eval_speed.py                        # 300 MC x 4 + 300 generation, 4 rounds
     python benchmarks/lm_eval_speed.py --rounds 6 --modes lm-eval ours ours@/path/to/other/checkout
+    python benchmarks/lm_eval_speed.py --skip-special-tokens  # the generation task asks for that
+
+Per sample, floats must agree to 1e-4 (the largest gap is printed) and everything else exactly; generated
+texts are also compared with the special tokens' text removed, because lm-eval's vllm model keeps it unless
+the task says ``skip_special_tokens: true`` and asyncbackends' backends leave it out.
 
 Modes:
     lm-eval     lm_eval.models.vllm_causallms.VLLM (offline ``LLM``), batch_size "auto" (its default: every
@@ -124,8 +129,15 @@ def _phrase(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
 
 
-def build_tasks(folder: Path, mc: int, gen: int, max_gen_toks: int) -> None:
-    """Write the two tasks and their data into ``folder``; the same arguments give the same files."""
+def build_tasks(
+    folder: Path, mc: int, gen: int, max_gen_toks: int, skip_special_tokens: bool = False
+) -> None:
+    """Write the two tasks and their data into ``folder``; the same arguments give the same files.
+
+    ``skip_special_tokens`` adds ``skip_special_tokens: true`` to the generation task's kwargs: lm-eval's
+    vllm model keeps special tokens in generated text unless a task says so (``skip_special_tokens=False``,
+    its HF-compatible default), while lm-eval's hf model and every asyncbackends backend leave them out.
+    """
     rng = random.Random(20261201)
     mc_rows = [
         {
@@ -141,7 +153,12 @@ def build_tasks(folder: Path, mc: int, gen: int, max_gen_toks: int) -> None:
     (folder / "gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gen_rows))
     (folder / "utils.py").write_text(_UTILS)
     (folder / "speed_mc.yaml").write_text(_MC_YAML)
-    (folder / "speed_gen.yaml").write_text(_GEN_YAML.replace("MAX_GEN_TOKS", str(max_gen_toks)))
+    gen_yaml = _GEN_YAML.replace("MAX_GEN_TOKS", str(max_gen_toks))
+    if skip_special_tokens:
+        gen_yaml = gen_yaml.replace(
+            "  do_sample: false\n", "  do_sample: false\n  skip_special_tokens: true\n"
+        )
+    (folder / "speed_gen.yaml").write_text(gen_yaml)
 
 
 def _vllm_metadata_shim(folder: Path) -> None:
@@ -309,6 +326,11 @@ def main() -> None:
     parser.add_argument("--gen", type=int, default=300, help="generation documents")
     parser.add_argument("--max-gen-toks", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--skip-special-tokens",
+        action="store_true",
+        help="the generation task asks for skip_special_tokens: true (see build_tasks)",
+    )
     parser.add_argument("--modes", nargs="+", default=["lm-eval", "ours"])
     parser.add_argument("--model", help="model directory (default: the tiny test model)")
     parser.add_argument("--folder", help="task folder (default: a fresh temporary one)")
@@ -329,7 +351,7 @@ def main() -> None:
         parser.error("the first mode is the reference: lm-eval")
     work = Path(tempfile.mkdtemp(prefix="lm-eval-speed-"))
     folder = Path(args.folder) if args.folder else work / "tasks"
-    build_tasks(folder, args.mc, args.gen, args.max_gen_toks)
+    build_tasks(folder, args.mc, args.gen, args.max_gen_toks, args.skip_special_tokens)
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
     for round_ in range(args.rounds):
         order = args.modes if round_ % 2 == 0 else list(reversed(args.modes))
