@@ -65,7 +65,8 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from .router import HEALTHY, Replica, ReplicaStats, Router
+from .replica import HEALTHY, Replica, ReplicaStats
+from .router import Router
 
 __all__ = ["PoolBackend", "load_replicas_file", "pool"]
 
