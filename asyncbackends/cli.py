@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import inspect
 import json
 import multiprocessing
 import os
@@ -46,7 +45,7 @@ from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestErro
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
 from .metrics import RunMetrics
-from .registry import _load, available_backends, create_backend, extra_installed
+from .registry import available_backends, create_backend, extra_installed, required_options
 from .types import (
     GenerationRequest,
     LoglikelihoodRequest,
@@ -142,16 +141,7 @@ def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
 
 def _check_required_options(name: str, options: dict[str, Any]) -> None:
     """Refuse a run whose adapter needs options that were not given, before anything starts."""
-    cls = _load(name)
-    factory = getattr(cls, "create", None)
-    if not inspect.iscoroutinefunction(factory):
-        factory = cls
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # no signature to read: the adapter reports it itself
-        return
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    missing = [p.name for p in params if p.kind in kinds and p.default is p.empty and p.name not in options]
+    missing = [option for option in required_options(name) if option not in options]
     if missing:
         needed = " ".join(f"--option {option}=..." for option in missing)
         raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
