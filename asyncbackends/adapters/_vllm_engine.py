@@ -28,19 +28,19 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
 __all__ = ["shutdown_engine", "start_engine", "stop_engine"]
 
 # How long the engine core gets to exit after SIGTERM before vLLM kills it. A healthy engine takes seconds
-# (measured 4-10 s on a loaded 2-core machine), nearly all of it spent in vLLM's own processes, which run
+# (measured 7-20 s on a loaded 2-core machine), nearly all of it spent in vLLM's own processes, which run
 # full-heap garbage collections of their start-up objects on the way out (vLLM issue #48620): first the
 # worker, then the engine core, one after the other. vLLM's default of 5 s is shorter than that on a busy
 # machine, and a kill that lands before the engine core has freed its shared memory leaves a segment behind
 # (Python's "resource_tracker: There appear to be 1 leaked shared_memory objects" at exit) and logs
 # "force killing remaining process". The timeout only bounds a hung engine: a healthy one exits sooner.
-_PROCESS_STOP_TIMEOUT = 30.0
+_PROCESS_STOP_TIMEOUT = 60.0
 # The same for the engine core's wait on its workers (vLLM's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, 5 by
 # default): past it the engine core logs "workers still running after grace period" from its own process,
 # where no filter of ours can reach, and signals them. Read by the engine core from the environment it
 # inherits, so it is set while the engine starts, unless the user set it.
 _WORKER_STOP_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
-_WORKER_STOP_TIMEOUT = "15"
+_WORKER_STOP_TIMEOUT = "30"
 # How long the engine's loop-bound tasks get to finish once cancelled.
 _TASK_STOP_TIMEOUT = 5.0
 
