@@ -173,6 +173,7 @@ def _exit_during_start_up() -> NoReturn:
         child.join(10)
         if child.is_alive():
             child.kill()
+            child.join(5)  # reaped before we exit: a killed process is not gone until then
     with contextlib.suppress(OSError):
         sys.stdout.flush()
         sys.stderr.flush()
