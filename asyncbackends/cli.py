@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import inspect
 import json
 import multiprocessing
 import os
@@ -38,7 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from ._cli_observability import add_observability_options, add_report_command, cmd_report, observed
+from ._cli_args import build_parser
+from ._cli_observability import cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from ._parse import parse_option_value, parse_options
 from .cache import ResponseCache
@@ -46,7 +46,7 @@ from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestErro
 from .gather import RetryPolicy, run_batch
 from .loop import get_loop_manager
 from .metrics import RunMetrics
-from .registry import _load, available_backends, create_backend, extra_installed
+from .registry import available_backends, create_backend, extra_installed, required_options
 from .types import (
     GenerationRequest,
     LoglikelihoodRequest,
@@ -142,16 +142,7 @@ def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
 
 def _check_required_options(name: str, options: dict[str, Any]) -> None:
     """Refuse a run whose adapter needs options that were not given, before anything starts."""
-    cls = _load(name)
-    factory = getattr(cls, "create", None)
-    if not inspect.iscoroutinefunction(factory):
-        factory = cls
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # no signature to read: the adapter reports it itself
-        return
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    missing = [p.name for p in params if p.kind in kinds and p.default is p.empty and p.name not in options]
+    missing = [option for option in required_options(name) if option not in options]
     if missing:
         needed = " ".join(f"--option {option}=..." for option in missing)
         raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
@@ -182,6 +173,7 @@ def _exit_during_start_up() -> NoReturn:
         child.join(10)
         if child.is_alive():
             child.kill()
+            child.join(5)  # reaped before we exit: a killed process is not gone until then
     with contextlib.suppress(OSError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -279,101 +271,15 @@ def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     )
 
 
-_DESCRIPTION = "Send JSONL files of requests to LLM backends, manage response caches, check adapters."
-
-_EXAMPLES = """\
-examples:
-  asyncbackends list
-  asyncbackends run examples/demo.jsonl --backend mock --output out.jsonl
-  asyncbackends run requests.jsonl --backend vllm --option model=/path/to/model \\
-      --option max_model_len=4096 --cache run.sqlite > results.jsonl
-  asyncbackends run requests.jsonl --backend tgi --option url=http://localhost:8080 --concurrency 64
-  asyncbackends cache stats run.sqlite
-  asyncbackends contract mock -- -x
-
-Results go to --output or stdout (one JSON record per input line, in input order); logs, progress and
-the run summary go to stderr. Exit status: 0 all succeeded, 1 some failed, 2 bad input or options,
-130 interrupted (Ctrl-C; what finished is kept).
-"""
-
-_RUN_EXAMPLES = """\
-examples:
-  asyncbackends run examples/demo.jsonl --backend mock
-  asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option dtype=float32 \\
-      --output out.jsonl --cache run.sqlite
-  asyncbackends run in.jsonl --backend openai --option base_url=http://localhost:8000/v1 \\
-      --option model=my-model --timeout 60 | head
-
---option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
-Ctrl-C stops the run, keeps the finished results and exits 130; with --cache a rerun resumes.
-"""
-
-
-def _parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="asyncbackends", description=_DESCRIPTION, epilog=_EXAMPLES, formatter_class=raw
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="registered adapters, whether each is installed, and how to install it")
-
-    run = sub.add_parser(
-        "run",
-        help="send every request of a JSONL file, write one record per line",
-        description="Send every request of a JSONL file to a backend; write one record per input line.",
-        epilog=_RUN_EXAMPLES,
-        formatter_class=raw,
-    )
-    run.add_argument("input", help="JSONL file, one request per line")
-    run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
-    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
-    run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
-    run.add_argument("--output", help="JSONL file for results (default: standard output)")
-    run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
-    run.add_argument("--timeout", type=float, help="seconds per attempt")
-    run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
-    run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_observability_options(run)
-    run.add_argument(
-        "--warm-up",
-        action="store_true",
-        help="send the first request once before the run, untimed and not written (engine warm-up)",
-    )
-
-    cache = sub.add_parser("cache", help="inspect or clear a response cache")
-    cache.add_argument("action", choices=["stats", "clear"])
-    cache.add_argument("path")
-
-    contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
-    contract.add_argument("name", help="adapter name")
-    contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
-    contract.add_argument(
-        "--failing-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option (over the others) making every request fail, e.g. url=http://127.0.0.1:9",
-    )
-    contract.add_argument(
-        "--slot-limit-option",
-        metavar="NAME",
-        help="option sizing the adapter's own pool: max_connections",
-    )
-    contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
-    add_report_command(sub)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" is for pytest (contract only); argparse would mix it with our own options.
     cut = argv.index("--") if "--" in argv else len(argv)
     argv, passed_on = argv[:cut], argv[cut + 1 :]
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if passed_on and args.command != "contract":
-        _parser().error(f"arguments after -- are only for `contract`: {' '.join(passed_on)}")
+        build_parser().error(f"arguments after -- are only for `contract`: {' '.join(passed_on)}")
     args.pytest_args = passed_on
     commands = {
         "list": _cmd_list,

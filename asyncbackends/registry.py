@@ -35,6 +35,7 @@ __all__ = [
     "check_options",
     "create_backend",
     "register_backend",
+    "required_options",
 ]
 
 ENTRY_POINT_GROUP = "asyncbackends.adapters"
@@ -169,15 +170,51 @@ def check_options(backend: str, given: Iterable[str], known: Iterable[str]) -> N
     raise InvalidRequestError(f"unknown option(s) for backend {backend!r}: {', '.join(parts)}")
 
 
-def _check_signature(name: str, factory: Any, options: Mapping[str, Any]) -> None:
+def _factory(cls: Any) -> tuple[Any, bool]:
+    """What builds the adapter: its async ``create`` classmethod where it has one, else the class."""
+    factory = getattr(cls, "create", None)
+    if inspect.iscoroutinefunction(factory):
+        return factory, True
+    return cls, False
+
+
+def _parameters(factory: Any) -> list[inspect.Parameter] | None:
     try:
-        params = inspect.signature(factory).parameters.values()
+        return list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: let the call itself complain
+        return None
+
+
+_KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _required(params: Iterable[inspect.Parameter]) -> tuple[str, ...]:
+    return tuple(p.name for p in params if p.kind in _KEYWORDS and p.default is p.empty)
+
+
+def required_options(name: str) -> tuple[str, ...]:
+    """The options adapter ``name`` cannot be built without (its factory's parameters with no default).
+
+    Lets a caller refuse an incomplete configuration before it starts anything (the CLI does, before it
+    opens ``--output``); `create_backend` checks the same and raises `InvalidRequestError`.
+
+    Raises:
+        BackendNotFoundError: Unknown name, or the adapter's extra is not installed (with the pip command).
+    """
+    factory, _ = _factory(_load(name))
+    return _required(_parameters(factory) or ())
+
+
+def _check_signature(name: str, factory: Any, options: Mapping[str, Any]) -> None:
+    params = _parameters(factory)
+    if params is None:
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return  # the adapter checks its own options (for example against vLLM's AsyncEngineArgs)
-    keywords = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    check_options(name, options, keywords)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        # else the adapter checks its own options (for example against vLLM's AsyncEngineArgs)
+        check_options(name, options, [p.name for p in params if p.kind in _KEYWORDS])
+    missing = [option for option in _required(params) if option not in options]
+    if missing:  # one clear error, instead of the call's TypeError
+        raise InvalidRequestError(f"backend {name!r} needs option(s) {', '.join(map(repr, missing))}")
 
 
 def _check_protocol(name: str, backend: Any) -> None:
@@ -200,15 +237,14 @@ async def acreate_backend(name: str, /, **options: Any) -> AsyncBackend:
 
     Raises:
         BackendNotFoundError: Unknown name, or the adapter's extra is not installed (with the pip command).
-        InvalidRequestError: An option the adapter does not know.
+        InvalidRequestError: An option the adapter does not know, or a required one missing.
     """
     cls = _load(name)
-    factory = getattr(cls, "create", None)
-    is_async = inspect.iscoroutinefunction(factory)
-    _check_signature(name, factory if is_async else cls, options)
+    factory, is_async = _factory(cls)
+    _check_signature(name, factory, options)
 
     async def build() -> AsyncBackend:
-        backend = await factory(**options) if is_async else cls(**options)  # type: ignore[misc]
+        backend = await factory(**options) if is_async else cls(**options)
         _check_protocol(name, backend)
         get_loop_manager().track(backend)
         return backend  # type: ignore[no-any-return]
@@ -221,7 +257,7 @@ def create_backend(name: str, /, **options: Any) -> AsyncBackend:
 
     Raises:
         BackendNotFoundError: Unknown name, or the adapter's extra is not installed (with the pip command).
-        InvalidRequestError: An option the adapter does not know.
+        InvalidRequestError: An option the adapter does not know, or a required one missing.
         LoopError: Called from the shared loop's own thread (await `acreate_backend` there).
     """
     return get_loop_manager().run(acreate_backend(name, **options))

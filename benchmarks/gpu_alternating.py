@@ -69,11 +69,53 @@ def scheduler_of(engine: Any) -> dict[str, Any]:
     return {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens}
 
 
+def _children() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by these processes (the engine's core)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _gc_counts() -> list[int]:
+    return [entry["collections"] for entry in gc.get_stats()]
+
+
+def _gc_clock() -> Any:
+    """Start timing the garbage collector; returns a function giving the seconds spent collecting so far."""
+    spent = [0.0, 0.0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            spent[1] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - spent[1]
+
+    gc.callbacks.append(callback)
+    return lambda: spent[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--mode", choices=["eager", "compiled"], default="eager")
-    parser.add_argument("--prompt-kind", choices=["tokens", "text"], default="tokens")
+    parser.add_argument(
+        "--prompt-kind",
+        default="tokens",
+        help="tokens, text, or tokens,text: both kinds in one process (each round runs every kind's pair)",
+    )
     parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds per path (even)")
     parser.add_argument("--count", type=int, default=4096)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -102,9 +144,12 @@ def main() -> None:
         **common,
     )
     log(f"offline engine ready in {time.perf_counter() - began:.1f}s")
+    offline_children = _children()
     began = time.perf_counter()
     backend = ab.create_backend("vllm", model=model, gpu_memory_utilization=args.gpu_share, **common)
     log(f"adapter engine ready in {time.perf_counter() - began:.1f}s")
+    engine_pids = {"offline": sorted(offline_children), "adapter": sorted(_children() - offline_children)}
+    log("engine processes", engine_pids)
     tokenizer = llm.get_tokenizer()
     vocab = len(tokenizer)
     rounds = args.rounds + (args.rounds % 2)
@@ -118,19 +163,19 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     params = ab.SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
 
-    def offline(batch: list[list[int]]) -> tuple[float, list[list[int]]]:
-        prompts: Any = (
-            as_text(batch)
-            if args.prompt_kind == "text"
-            else [TokensPrompt(prompt_token_ids=p) for p in batch]
-        )
+    kinds = args.prompt_kind.split(",")
+    if not set(kinds) <= {"tokens", "text"}:
+        parser.error("--prompt-kind: tokens, text or tokens,text")
+
+    def offline(batch: list[list[int]], kind: str) -> tuple[float, list[list[int]]]:
+        prompts: Any = as_text(batch) if kind == "text" else [TokensPrompt(prompt_token_ids=p) for p in batch]
         start = time.perf_counter()
         outputs = llm.generate(prompts, greedy, use_tqdm=False)
         took = time.perf_counter() - start
         return took, [list(o.outputs[0].token_ids) for o in outputs]
 
-    def adapter(batch: list[list[int]]) -> tuple[float, list[list[int]]]:
-        prompts: list[Any] = as_text(batch) if args.prompt_kind == "text" else [tuple(p) for p in batch]
+    def adapter(batch: list[list[int]], kind: str) -> tuple[float, list[list[int]]]:
+        prompts: list[Any] = as_text(batch) if kind == "text" else [tuple(p) for p in batch]
         requests = [ab.GenerationRequest(p, params) for p in prompts]
         start = time.perf_counter()
         results = ab.run_batch(backend, requests)
@@ -139,7 +184,9 @@ def main() -> None:
 
     paths = {"offline": offline, "adapter": adapter}
     for run in paths.values():
-        run(warm)
+        for kind in kinds:
+            run(warm, kind)
+    gc_time = _gc_clock()
     engine = backend._engine  # type: ignore[attr-defined]  # read back, not used to run
     report: dict[str, Any] = {
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -149,28 +196,52 @@ def main() -> None:
     log("scheduler settings", report["scheduler"])
     for index in range(rounds):
         order = ["offline", "adapter"] if index % 2 == 0 else ["adapter", "offline"]
-        row: dict[str, Any] = {"round": index, "order": order}
-        outputs = {}
-        for name in order:
-            gc.collect()
-            took, tokens = paths[name](sets[index])
-            row[name] = {"seconds": took, "req_s": len(tokens) / took, "tok_s": sum(map(len, tokens)) / took}
-            outputs[name] = tokens
-        row["ratio"] = row["adapter"]["req_s"] / row["offline"]["req_s"]
-        row["identical"] = sum(a == b for a, b in zip(outputs["offline"], outputs["adapter"], strict=True))
-        report["rounds"].append(row)
-        rates = f"offline {row['offline']['req_s']:.1f} req/s, adapter {row['adapter']['req_s']:.1f} req/s"
-        log(f"round {index} {order}: {rates}, ratio {row['ratio']:.3f}, identical {row['identical']}")
-        (args.out / f"alternating{args.tag}.json").write_text(json.dumps(report, indent=1))
-    ratios = [r["ratio"] for r in report["rounds"]]
-    report["summary"] = {
-        **ratio_interval(ratios),
-        "ratios": ratios,
-        "offline_req_s": [r["offline"]["req_s"] for r in report["rounds"]],
-        "adapter_req_s": [r["adapter"]["req_s"] for r in report["rounds"]],
-        "offline_cv": spread([r["offline"]["req_s"] for r in report["rounds"]]),
-        "adapter_cv": spread([r["adapter"]["req_s"] for r in report["rounds"]]),
-    }
+        for kind in kinds:
+            row: dict[str, Any] = {"round": index, "kind": kind, "order": order, "load": os.getloadavg()[0]}
+            outputs = {}
+            for name in order:
+                gc.collect()
+                before = _cpu(engine_pids[name]), time.process_time(), gc_time(), _gc_counts()
+                took, tokens = paths[name](sets[index], kind)
+                after = _cpu(engine_pids[name]), time.process_time(), gc_time(), _gc_counts()
+                row[name] = {
+                    "seconds": took,
+                    "req_s": len(tokens) / took,
+                    "tok_s": sum(map(len, tokens)) / took,
+                    # CPU seconds per wall second: the caller's process (every thread: the shared loop too),
+                    # and the engine's core process; GC: seconds collecting and collections by generation.
+                    "frontend_cpu": (after[1] - before[1]) / took,
+                    "engine_core_cpu": (after[0] - before[0]) / took,
+                    "gc_seconds": after[2] - before[2],
+                    "gc_collections": [a - b for a, b in zip(after[3], before[3], strict=True)],
+                }
+                outputs[name] = tokens
+            row["ratio"] = row["adapter"]["req_s"] / row["offline"]["req_s"]
+            pairs = zip(outputs["offline"], outputs["adapter"], strict=True)
+            row["identical"] = sum(a == b for a, b in pairs)
+            report["rounds"].append(row)
+            rates = ", ".join(f"{n} {row[n]['req_s']:.1f} req/s" for n in ("offline", "adapter"))
+            cpu = " ".join(
+                f"{n} fe {row[n]['frontend_cpu']:.2f} core {row[n]['engine_core_cpu']:.2f} "
+                f"gc {row[n]['gc_seconds']:.2f}s"
+                for n in order
+            )
+            same = row["identical"]
+            log(f"round {index} {kind} {order}: {rates}, ratio {row['ratio']:.3f}, identical {same}")
+            log(f"  cpu/s {cpu}")
+            (args.out / f"alternating{args.tag}.json").write_text(json.dumps(report, indent=1))
+    report["summary"] = {}
+    for kind in kinds:
+        rows = [r for r in report["rounds"] if r["kind"] == kind]
+        ratios = [r["ratio"] for r in rows]
+        report["summary"][kind] = {
+            **ratio_interval(ratios),
+            "ratios": ratios,
+            "offline_req_s": [r["offline"]["req_s"] for r in rows],
+            "adapter_req_s": [r["adapter"]["req_s"] for r in rows],
+            "offline_cv": spread([r["offline"]["req_s"] for r in rows]),
+            "adapter_cv": spread([r["adapter"]["req_s"] for r in rows]),
+        }
     log("summary", json.dumps(report["summary"]))
     (args.out / f"alternating{args.tag}.json").write_text(json.dumps(report, indent=1))
     backend.close()  # type: ignore[attr-defined]

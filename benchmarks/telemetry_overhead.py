@@ -8,6 +8,10 @@ Modes (each in a fresh process, rounds interleaved, median reported):
   them (in-process, so the figure is the instrumentation's cost, not a network's).
 - ``sdk_metrics``: metrics only (what ``--metrics-port`` configures: OpenTelemetry's Prometheus reader).
 - ``callbacks``: `RunCallbacks` with all three callbacks set to a function that does nothing.
+- ``sdk_floor``: no run at all: the SDK configured as in ``sdk``, and for each request only the OpenTelemetry
+  calls the run's observer makes for one successful request (a span with its attributes, the context made
+  current for the attempt, one attempt event, the result's attributes, four histogram points), in a plain
+  loop. What the SDK itself costs per request, whoever calls it.
 
 Wall time and the process's CPU time are both reported: on a shared, loaded machine CPU time is the
 steadier measure of what the instrumentation costs. Usage: ``python benchmarks/telemetry_overhead.py
@@ -27,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-MODES = ("off", "api_only", "sdk", "sdk_metrics", "callbacks")
+MODES = ("off", "api_only", "sdk", "sdk_metrics", "callbacks", "sdk_floor")
 
 
 def configure(mode: str) -> dict[str, Any]:
@@ -82,7 +86,53 @@ def configure(mode: str) -> dict[str, Any]:
     return state
 
 
+def sdk_floor(n: int) -> dict[str, float]:
+    """The SDK's own work for ``n`` successful requests, as the run's observer asks for it, without a run."""
+    state = configure("sdk")
+    from opentelemetry import context, metrics, trace
+
+    from asyncbackends._otel_instruments import instruments_of
+
+    tracer = trace.get_tracer("asyncbackends")
+    instruments = instruments_of(metrics.get_meter_provider())
+    common = {"gen_ai.provider.name": "instant", "gen_ai.operation.name": "text_completion"}
+    span_attributes = {
+        **common,
+        "gen_ai.request.max_tokens": 256,
+        "gen_ai.request.temperature": 0.0,
+        "gen_ai.request.top_p": 1.0,
+        "asyncbackends.slot.wait": 0.001,
+    }
+    kind = trace.SpanKind.INTERNAL
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        span = tracer.start_span("text_completion", kind=kind, attributes=span_attributes)
+        instruments.slot_wait.record(0.001, common)
+        token = context.attach(trace.set_span_in_context(span))
+        context.detach(token)
+        span.add_event(
+            "asyncbackends.attempt", {"asyncbackends.attempt": 1, "asyncbackends.attempt.duration": 0.0}
+        )
+        instruments.duration.record(0.001, common)
+        instruments.tokens.record(1, {**common, "gen_ai.token.type": "input"})
+        instruments.tokens.record(1, {**common, "gen_ai.token.type": "output"})
+        span.set_attributes(
+            {
+                "gen_ai.response.finish_reasons": ["stop"],
+                "gen_ai.usage.output_tokens": 1,
+                "gen_ai.usage.input_tokens": 1,
+            }
+        )
+        span.end()
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    state["provider"].force_flush()
+    assert state["exporter"].count == n, state["exporter"].count
+    return {"seconds": elapsed, "cpu_seconds": cpu}
+
+
 def one(mode: str, n: int, latency: float) -> dict[str, float]:
+    if mode == "sdk_floor":
+        return sdk_floor(n)
     import asyncbackends as ab
 
     state = configure(mode)
@@ -159,6 +209,12 @@ def main() -> None:
         wall_ratio, cpu_ratio = wall / median(modes[0], "seconds"), cpu / median(modes[0], "cpu_seconds")
         per_request = f"{wall / args.n * 1e6:.1f} | {wall_ratio:.2f}x | {cpu / args.n * 1e6:.1f}"
         print(f"| {mode} | {per_request} | {cpu_ratio:.2f}x |")
+    print("\nEvery process (wall / CPU us per request, in round order):\n")
+    for mode in modes:
+        figures = ", ".join(
+            f"{r['seconds'] / args.n * 1e6:.1f} / {r['cpu_seconds'] / args.n * 1e6:.1f}" for r in runs[mode]
+        )
+        print(f"- {mode}: {figures}")
 
 
 if __name__ == "__main__":

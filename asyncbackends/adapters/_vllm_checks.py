@@ -114,23 +114,20 @@ def import_vllm(namespace: dict[str, Any]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import vllm
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.outputs import RequestOutput
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
         from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._vllm_engine import start_engine, stop_engine
+        from ._vllm_requests import completions, engine_input, prompt_ids, scoring_params, vllm_sampling
     namespace.update(
         vllm=vllm,
         VLLMSamplingParams=SamplingParams,
-        TokensPrompt=TokensPrompt,
         AsyncEngineArgs=AsyncEngineArgs,
         RequestOutput=RequestOutput,
-        RequestOutputKind=RequestOutputKind,
-        StructuredOutputsParams=StructuredOutputsParams,
         AsyncLLM=AsyncLLM,
         EngineDeadError=EngineDeadError,
         GracefulHTTPError=GracefulHTTPError,
@@ -138,4 +135,9 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         VLLMError=VLLMError,
         start_engine=start_engine,
         stop_engine=stop_engine,
+        completions=completions,
+        engine_input=engine_input,
+        translate_prompt=prompt_ids,
+        scoring_params=scoring_params,
+        vllm_sampling=vllm_sampling,
     )

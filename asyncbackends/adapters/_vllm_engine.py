@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import threading
 import warnings
+from collections.abc import Iterator
 
 with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and torch, as in vllm.py
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -25,8 +27,20 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
 
 __all__ = ["shutdown_engine", "start_engine", "stop_engine"]
 
-# How long the engine's processes get to exit after SIGTERM before vLLM kills them.
-_PROCESS_STOP_TIMEOUT = 10.0
+# How long the engine core gets to exit after SIGTERM before vLLM kills it. A healthy engine takes seconds
+# (measured 7-20 s on a loaded 2-core machine), nearly all of it spent in vLLM's own processes, which run
+# full-heap garbage collections of their start-up objects on the way out (vLLM issue #48620): first the
+# worker, then the engine core, one after the other. vLLM's default of 5 s is shorter than that on a busy
+# machine, and a kill that lands before the engine core has freed its shared memory leaves a segment behind
+# (Python's "resource_tracker: There appear to be 1 leaked shared_memory objects" at exit) and logs
+# "force killing remaining process". The timeout only bounds a hung engine: a healthy one exits sooner.
+_PROCESS_STOP_TIMEOUT = 60.0
+# The same for the engine core's wait on its workers (vLLM's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, 5 by
+# default): past it the engine core logs "workers still running after grace period" from its own process,
+# where no filter of ours can reach, and signals them. Read by the engine core from the environment it
+# inherits, so it is set while the engine starts, unless the user set it.
+_WORKER_STOP_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+_WORKER_STOP_TIMEOUT = "30"
 # How long the engine's loop-bound tasks get to finish once cancelled.
 _TASK_STOP_TIMEOUT = 5.0
 
@@ -53,7 +67,7 @@ async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
         engine: AsyncLLM | None = None
         error: BaseException | None = None
         try:
-            with _STARTING:
+            with _STARTING, _worker_stop_timeout():
                 engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             error = exc
@@ -69,6 +83,19 @@ async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
     if start_output_handler is not None:  # else (another vLLM) it starts with the first request
         start_output_handler()
     return engine
+
+
+@contextlib.contextmanager
+def _worker_stop_timeout() -> Iterator[None]:
+    """Set the workers' grace for the engine's processes, spawned meanwhile; then restore the environment."""
+    if _WORKER_STOP_ENV in os.environ:  # the user's own choice
+        yield
+        return
+    os.environ[_WORKER_STOP_ENV] = _WORKER_STOP_TIMEOUT
+    try:
+        yield
+    finally:
+        os.environ.pop(_WORKER_STOP_ENV, None)
 
 
 def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: BaseException | None) -> None:
@@ -119,10 +146,11 @@ def shutdown_engine(engine: AsyncLLM) -> None:
 
 
 def _stop_quietly(engine: AsyncLLM) -> None:
-    # vLLM logs every shutdown step at INFO and WARNING ("force killing remaining process EngineCore" when
-    # its workers are slow to exit): routine for a requested stop, so this thread's records are dropped.
+    # vLLM logs each step of a shutdown at INFO ("[shutdown] MPClient: start", "... send sigterm to process
+    # EngineCore", ...): routine for a stop that was asked for, so those records of this thread are dropped.
+    # Warnings pass: with the grace above, "force killing remaining process" means the engine hung.
     # A filter on the handlers, not the logger: a logger's filters do not apply to its children's records.
-    quiet = _DropThisThread()
+    quiet = _RoutineShutdownSteps()
     handlers = [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers]
     for handler in handlers:
         handler.addFilter(quiet)
@@ -137,13 +165,16 @@ def _stop_quietly(engine: AsyncLLM) -> None:
             handler.removeFilter(quiet)
 
 
-class _DropThisThread(logging.Filter):
+class _RoutineShutdownSteps(logging.Filter):
+    """Drops vLLM's INFO/DEBUG "[shutdown] ..." records logged by the thread that created the filter."""
+
     def __init__(self) -> None:
         super().__init__()
         self._thread = threading.get_ident()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self._thread
+        routine = record.levelno < logging.WARNING and str(record.msg).startswith("[shutdown]")
+        return not (routine and record.thread == self._thread)
 
 
 def _destroy_context(engine: AsyncLLM) -> None:

@@ -29,17 +29,12 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .._tasks import all_or_nothing
-from .._text import split_trailing_space
 from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ..protocol import BaseBackend, Secret
 from ..types import (
     Completion,
     GenerationRequest,
     GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    RollingLoglikelihoodRequest,
 )
 from ._credentials import split_url_credentials
 from ._http import (
@@ -50,15 +45,13 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
+from ._openai_scoring import VLLMServerScoring
 from ._openai_wire import (
     capabilities,
     completion_payload,
-    echo_payload,
     parse_completions,
-    parse_echo,
 )
 from ._sampling import refuse_unsupported
-from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result
 
 __all__ = ["OpenAIBackend"]
 
@@ -69,7 +62,7 @@ _NOT_VLLM = dict.fromkeys(
 )
 
 
-class OpenAIBackend(BaseBackend):
+class OpenAIBackend(VLLMServerScoring, BaseBackend):
     """Talks to one OpenAI-compatible server. Build it with `create` (``ab.create_backend("openai", ...)``).
 
     Args:
@@ -287,118 +280,6 @@ class OpenAIBackend(BaseBackend):
                 retryable=False,
             )
         return GenerationResult(rid, completions, prompt_tokens, model or self.model)
-
-    # -- loglikelihood (vLLM servers) ----------------------------------------------------------------
-
-    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score the continuation's tokens given the context's, exactly as the in-process ``vllm`` adapter."""
-        rid = request.request_id
-        self._check_open(rid)
-        self._require_vllm(rid)
-        prefix, stand_in = await self._special_tokens(rid)
-        context, continuation = split_trailing_space(request.context, request.continuation)
-        if not context and stand_in is None:
-            raise self._no_stand_in(rid)
-        texts = [context, context + continuation] if context else [continuation]
-        encoded = dict(zip(texts, await all_or_nothing([self._tokenize(t, rid) for t in texts]), strict=True))
-
-        def plan() -> ScoringPlan | None:
-            return plan_loglikelihood(
-                context,
-                continuation,
-                encode=lambda text: encoded[text],
-                prefix=prefix,
-                empty_context_token=stand_in if stand_in is not None else -1,
-                max_prompt_tokens=self._max_prompt_tokens,
-            )
-
-        try:
-            scoring = plan()
-        except KeyError:
-            # The continuation merged into the context's last token: the plan scores it on its own tokens.
-            encoded[continuation] = await self._tokenize(continuation, rid)
-            scoring = plan()
-        if scoring is None:
-            raise RequestRejectedError(
-                f"continuation does not fit in max_model_len={self.max_model_len}",
-                backend=self.name,
-                request_id=rid,
-            )
-        return scored_result(rid, await self._score(scoring, rid))
-
-    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
-        rid = request.request_id
-        self._check_open(rid)
-        self._require_vllm(rid)
-        _, stand_in = await self._special_tokens(rid)
-        if stand_in is None:
-            raise self._no_stand_in(rid)
-        ids = await self._tokenize(request.text, rid)
-        plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
-        windows = await all_or_nothing([self._score(p, rid) for p in plans])
-        return scored_result(rid, [item for window in windows for item in window])
-
-    @property
-    def _max_prompt_tokens(self) -> int:
-        # vLLM runs an echo-only request as one generated token: the prompt must leave room for it.
-        return (self.max_model_len - 1) if self.max_model_len else 2**31
-
-    def _require_vllm(self, rid: str | None) -> None:
-        if self.server != "vllm":
-            raise RequestRejectedError(
-                "loglikelihood needs a vLLM server (its /tokenize route and echoed prompt logprobs); "
-                f"{self.base_url} was not recognised as one (pass server='vllm' if it is)",
-                backend=self.name,
-                request_id=rid,
-            )
-
-    def _no_stand_in(self, rid: str | None) -> RequestRejectedError:
-        return RequestRejectedError(
-            "this model's tokenizer adds no BOS token, so an empty context (or a rolling window's start) has "
-            "no token to condition on: give a non-empty context",
-            backend=self.name,
-            request_id=rid,
-        )
-
-    async def _special_tokens(self, rid: str | None) -> tuple[tuple[int, ...], int | None]:
-        """The tokens the tokenizer puts in front of every text (Llama's BOS), found once by probing."""
-        if self._special is not None:
-            return self._special
-        if self._special_lock is None:
-            self._special_lock = asyncio.Lock()
-        async with self._special_lock:
-            if self._special is None:
-                with_special, plain = await all_or_nothing(
-                    [self._tokenize("a", rid, special=True), self._tokenize("a", rid)]
-                )
-                n = len(with_special) - len(plain)
-                prefix = tuple(with_special[:n]) if n > 0 and with_special[n:] == plain else ()
-                self._special = (prefix, prefix[0] if prefix else None)
-        return self._special
-
-    async def _tokenize(self, text: str, rid: str | None, special: bool = False) -> list[int]:
-        payload = {"model": self.model, "prompt": text, "add_special_tokens": special}
-        resp = await self._http.request("POST", "/tokenize", json_body=payload, request_id=rid)
-        if resp.status == 404:
-            raise RequestRejectedError(
-                f"{self._http.base_url}/tokenize does not exist: loglikelihood needs vLLM's server",
-                backend=self.name,
-                request_id=rid,
-            )
-        body = self._json(resp, rid)
-        try:
-            return [int(t) for t in body["tokens"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._malformed(rid, exc) from exc
-
-    async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
-        """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
-        body = await self._post("/completions", echo_payload(self.model, plan), rid)
-        try:
-            return parse_echo(body, plan)
-        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
-            raise self._malformed(rid, exc) from exc
 
     # -- wire ----------------------------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._tasks import all_or_nothing
@@ -48,6 +47,15 @@ from ..types import (
 from ._credentials import resolve_token
 from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
 from ._sampling import refuse_unsupported
+from ._tgi_wire import (
+    UNSUPPORTED_REASONS,
+    TGIInfo,
+    chat_payload,
+    generate_payload,
+    int_header,
+    parse_chat,
+    parse_generate,
+)
 
 __all__ = ["TGIBackend", "TGIInfo"]
 
@@ -55,49 +63,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 # How long building waits for /info before leaving it to the first request.
 _BUILD_INFO_TIMEOUT = 3.0
-_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
-_NO_TGI = {
-    "presence_penalty": "TGI has none (its chat route turns presence_penalty into a repetition penalty)",
-    "min_p": "TGI has no min_p",
-    "min_tokens": "TGI has no minimum length",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TGIInfo:
-    """What ``GET /info`` says about the server (fields TGI does not report are ``None``)."""
-
-    model_id: str | None = None
-    max_input_tokens: int | None = None
-    max_total_tokens: int | None = None
-    max_stop_sequences: int | None = None
-    max_concurrent_requests: int | None = None
-    version: str | None = None
-    model_sha: str | None = None
-    model_dtype: str | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TGIInfo:
-        """Parse ``/info``; TGI < 2.0 named ``max_input_tokens`` ``max_input_length``."""
-
-        def num(key: str) -> int | None:
-            value = data.get(key)
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-        def text(key: str) -> str | None:
-            value = data.get(key)
-            return value if isinstance(value, str) else None
-
-        return cls(
-            model_id=text("model_id"),
-            model_sha=text("model_sha"),
-            model_dtype=text("model_dtype"),
-            max_input_tokens=num("max_input_tokens") or num("max_input_length"),
-            max_total_tokens=num("max_total_tokens"),
-            max_stop_sequences=num("max_stop_sequences"),
-            max_concurrent_requests=num("max_concurrent_requests"),
-            version=text("version"),
-        )
 
 
 class TGIBackend(BaseBackend):
@@ -277,7 +242,9 @@ class TGIBackend(BaseBackend):
         self._check_open(rid)
         params = request.params
         kind = request.prompt_kind
-        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NO_TGI)
+        refuse_unsupported(
+            params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
+        )
         if kind == "chat" and params.repetition_penalty is not None:
             raise RequestRejectedError(
                 "TGI's chat route has no repetition_penalty; use a text prompt for it",
@@ -330,83 +297,20 @@ class TGIBackend(BaseBackend):
         if problem:
             raise RequestRejectedError(problem, backend=self.name, request_id=rid)
 
-    @staticmethod
-    def _sampling(params: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"do_sample": False}
-        if not params.greedy:
-            out = {"do_sample": True, "temperature": params.temperature}
-            if params.top_k is not None:
-                out["top_k"] = params.top_k
-            if params.top_p < 1.0:
-                out["top_p"] = params.top_p
-        # Penalties are not warpers: TGI applies them in greedy mode too without turning sampling on.
-        for name in ("repetition_penalty", "frequency_penalty"):
-            if getattr(params, name) is not None:
-                out[name] = getattr(params, name)
-        grammar = _grammar(params)
-        if grammar is not None:
-            out["grammar"] = grammar
-        return out
-
     async def _generate_once(
         self, request: GenerationRequest, seed: int | None
     ) -> tuple[Completion, int | None]:
-        params = request.params
-        parameters = self._sampling(params)
-        parameters.update(max_new_tokens=params.max_tokens, return_full_text=False, details=True)
-        if params.stop:
-            parameters["stop"] = list(params.stop)
-        if seed is not None:
-            parameters["seed"] = seed
-        data = await self._post("/generate", {"inputs": request.prompt, "parameters": parameters}, request)
-        body, headers = data
+        body, headers = await self._post("/generate", generate_payload(request, seed), request)
         try:
-            text: str = body["generated_text"]
-            details = body.get("details") or {}
-            tokens = details.get("tokens") or []
-            reason = str(details.get("finish_reason"))
-            if reason == "stop_sequence":
-                text = _strip_stop(text, params.stop)
-            logprobs = tuple(t["logprob"] for t in tokens) if params.logprobs else None
-            if logprobs is not None and any(lp is None for lp in logprobs):
-                logprobs = None
-            completion = Completion(
-                text, tuple(t["id"] for t in tokens), logprobs, _FINISH.get(reason, reason)
-            )
+            completion = parse_generate(body, request.params)
         except (KeyError, TypeError, AttributeError) as exc:
             raise self._malformed(request.request_id, exc) from exc
-        return completion, _int_header(headers, "x-prompt-tokens")
+        return completion, int_header(headers, "x-prompt-tokens")
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
-        params = request.params
-        payload: dict[str, Any] = {
-            "messages": [dict(m) for m in request.prompt if isinstance(m, Mapping)],
-            "max_tokens": params.max_tokens,
-            # TGI's chat route reads temperature 0 as greedy (do_sample false), unlike /generate.
-            "temperature": params.temperature,
-        }
-        if params.top_p < 1.0 and not params.greedy:
-            payload["top_p"] = params.top_p
-        if params.frequency_penalty is not None:
-            payload["frequency_penalty"] = params.frequency_penalty
-        grammar = _grammar(params)
-        if grammar is not None:
-            payload["response_format"] = grammar
-        if params.stop:
-            payload["stop"] = list(params.stop)
-        if seed is not None:
-            payload["seed"] = seed
-        if params.logprobs:
-            payload["logprobs"] = True
-        body, _ = await self._post("/v1/chat/completions", payload, request)
+        body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
         try:
-            choice = body["choices"][0]
-            text = choice["message"].get("content") or ""
-            logprobs = None
-            if params.logprobs and choice.get("logprobs"):
-                logprobs = tuple(float(t["logprob"]) for t in choice["logprobs"]["content"])
-            usage = body.get("usage") or {}
-            completion = Completion(text, (), logprobs, choice.get("finish_reason"))
+            completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             raise self._malformed(request.request_id, exc) from exc
         return completion, usage.get("prompt_tokens")
@@ -474,31 +378,6 @@ class TGIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("TGI", exc, backend=self.name, request_id=rid)
-
-
-def _grammar(params: Any) -> dict[str, Any] | None:
-    """TGI's ``GrammarType`` for the request's structured-output constraint, if any."""
-    if params.json_schema is not None:
-        return {"type": "json", "value": dict(params.json_schema)}
-    if params.regex is not None:
-        return {"type": "regex", "value": params.regex}
-    return None
-
-
-def _strip_stop(text: str, stops: Sequence[str]) -> str:
-    # TGI's text ends with the stop sequence that ended it; ours never includes it.
-    for stop in sorted(stops, key=len, reverse=True):
-        if text.endswith(stop):
-            return text[: -len(stop)]
-    return text
-
-
-def _int_header(headers: Mapping[str, str], name: str) -> int | None:
-    value = headers.get(name)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:

@@ -5,7 +5,8 @@ starts its loop-bound tasks on the shared loop (`_vllm_engine`), and every reque
 ``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
 exactly one engine request (a rolling loglikelihood sends one per window) and drains its generator inside
 ``contextlib.aclosing`` with ``RequestOutputKind.FINAL_ONLY``, so a cancelled or abandoned call aborts its
-engine request instead of leaving it running.
+engine request instead of leaving it running. Requests and results are translated to and from vLLM's types
+in `_vllm_requests`; this module holds the engine's lifetime and the request path.
 
 Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
 several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
@@ -43,10 +44,9 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
-    SamplingParams,
 )
 from ._sampling import refuse_unsupported
-from ._scoring import ScoringPlan, logprob_of, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
 if TYPE_CHECKING:
@@ -54,15 +54,15 @@ if TYPE_CHECKING:
     # can be checked without it (option names, a model path) is checked first.
     import vllm
     from vllm import SamplingParams as VLLMSamplingParams
-    from vllm import TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.outputs import RequestOutput
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
 
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
+    from ._vllm_requests import completions, engine_input, scoring_params, vllm_sampling
+    from ._vllm_requests import prompt_ids as translate_prompt
 
 __all__ = ["VLLMBackend"]
 
@@ -82,14 +82,6 @@ _FINGERPRINT_OPTIONS = (
     "generation_config",
     "override_generation_config",
 )
-
-
-@functools.cache
-def _flat_logprobs() -> dict[str, Any]:
-    # vLLM turns every prompt position's logprobs into a dict of Logprob objects on the loop that serves
-    # the requests, which was the largest cost of scoring (1.1 of 3.2 s for lm-eval's 1,200 multiple-choice
-    # requests on the CPU); FlatLogprobs keeps them in flat lists instead. Older vLLM has no such field.
-    return {"flat_logprobs": True} if "flat_logprobs" in VLLMSamplingParams.__struct_fields__ else {}
 
 
 class VLLMBackend(BaseBackend):
@@ -252,7 +244,7 @@ class VLLMBackend(BaseBackend):
         engine = self.engine  # raises BackendClosedError after aclose
         final: RequestOutput | None = None
         try:
-            prompt = self._engine_input(engine, prompt_ids)
+            prompt = engine_input(engine, prompt_ids)
             # aclosing: leaving early (cancellation) closes the generator, which aborts the engine request.
             stream = engine.generate(prompt, params, f"ab-{uuid.uuid4().hex}")
             async with contextlib.aclosing(stream):
@@ -283,16 +275,6 @@ class VLLMBackend(BaseBackend):
             raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
         return final
 
-    @staticmethod
-    def _engine_input(engine: AsyncLLM, prompt_ids: list[int]) -> Any:
-        tokens = TokensPrompt(prompt_token_ids=prompt_ids)
-        render = getattr(getattr(engine, "renderer", None), "render_cmpl", None)
-        if render is None:  # older vLLM: AsyncLLM takes the prompt itself
-            return tokens
-        # A rendered engine input is processed inline on this loop; a plain TokensPrompt would be sent to
-        # vLLM's one-thread executor and back for every request (measured: see docs/benchmarks.md).
-        return render([tokens])[0]
-
     def _dead(self, exc: BaseException, request_id: str | None) -> BackendError:
         if self._closed:
             return BackendClosedError("vllm backend was closed", backend=self.name, request_id=request_id)
@@ -304,103 +286,36 @@ class VLLMBackend(BaseBackend):
 
     # -- generation --------------------------------------------------------------------------------------
 
-    def _sampling(self, params: SamplingParams) -> VLLMSamplingParams:
-        # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
-        # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace
-        # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
-        optional = params.optional_params()
-        schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
-        try:
-            if schema is not None or regex is not None:
-                optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)
-            return VLLMSamplingParams(
-                n=params.n,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k or 0,
-                stop=list(params.stop) or None,
-                max_tokens=params.max_tokens,
-                seed=params.seed,
-                logprobs=0 if params.logprobs else None,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-                **optional,
-            )
-        except (ValueError, VLLMError) as exc:
-            raise InvalidRequestError(f"vllm refused the sampling parameters: {exc}") from exc
-
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        prompt = request.prompt
-        if isinstance(prompt, str):
-            # Encoded here rather than by vLLM: passing raw strings to AsyncLLM is deprecated in vLLM.
-            ids: list[int] = self.tokenizer.encode(prompt, add_special_tokens=True)
-            return ids
-        if request.prompt_kind == "tokens":
-            return list(prompt)  # type: ignore[arg-type]
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in prompt],  # type: ignore[arg-type]  # prompt_kind == "chat"
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        except Exception as exc:  # no chat template, or the template refuses these messages
-            raise RequestRejectedError(
-                f"vllm: cannot apply the chat template of {self.model!r}: {exc}",
-                backend=self.name,
-                request_id=request.request_id,
-            ) from exc
-        # The template writes its own special tokens (BOS); encoding must not add a second one.
-        chat_ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
-        return chat_ids
-
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
         self._check_open(request.request_id)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
             empty = tuple(
                 Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
             )
             return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
-        output = await self._run(prompt_ids, self._sampling(params), request.request_id)
-        outputs = sorted(output.outputs, key=lambda c: c.index)
-        if len(outputs) != params.n:
+        output = await self._run(prompt_ids, vllm_sampling(params), request.request_id)
+        got = completions(output, logprobs=params.logprobs)
+        if len(got) != params.n:
             raise BackendError(
-                f"vllm returned {len(outputs)} completions for n={params.n}",
+                f"vllm returned {len(got)} completions for n={params.n}",
                 backend=self.name,
                 request_id=request.request_id,
                 retryable=False,
             )
-        completions = []
-        for out in outputs:
-            token_ids = tuple(out.token_ids)
-            logprobs = None
-            if params.logprobs and out.logprobs is not None:
-                logprobs = tuple(
-                    logprob_of(step, token) for step, token in zip(out.logprobs, token_ids, strict=True)
-                )
-            completions.append(Completion(out.text, token_ids, logprobs, out.finish_reason))
         return GenerationResult(
-            request.request_id,
-            tuple(completions),
-            prompt_tokens=len(output.prompt_token_ids or ()),
-            model=self.model,
+            request.request_id, got, prompt_tokens=len(output.prompt_token_ids or ()), model=self.model
         )
 
     # -- scoring -------------------------------------------------------------------------------------
 
     async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
         """The (logprob, is it the top-1 token) of each of the plan's scored tokens."""
-        params = VLLMSamplingParams(
-            max_tokens=1,
-            prompt_logprobs=0,
-            detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            **_flat_logprobs(),
-        )
-        output = await self._run(list(plan.token_ids), params, request_id)
+        output = await self._run(list(plan.token_ids), scoring_params(), request_id)
         rows = output.prompt_logprobs
         if rows is None or len(rows) != len(plan.token_ids):
             raise BackendError("vllm returned no prompt logprobs", backend=self.name, request_id=request_id)

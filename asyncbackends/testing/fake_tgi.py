@@ -4,9 +4,9 @@ It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
 status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
 latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
-connections and hangs; counters record attempts and answers per input and the peak of requests in flight; with
-``check_schema`` every request and response is validated against the OpenAPI spec and any violation kept
-in `schema_violations`.
+connections and hangs (see `fake_tgi_faults`); counters record attempts and answers per input and the
+peak of requests in flight; with ``check_schema`` every request and response is validated against the
+OpenAPI spec and any violation kept in `schema_violations`.
 
 Inside a test:
 
@@ -45,6 +45,7 @@ if importlib.util.find_spec("jsonschema") is None:
 
 from . import openapi
 from ._serve import serve
+from .fake_tgi_faults import choose_failure, fail
 from .fake_tgi_model import FakeModel, Generation
 from .fake_tgi_responses import chat_json, details_json, info_json, stream_events, timing_headers
 from .fake_tgi_validation import (
@@ -251,32 +252,8 @@ class FakeTGIServer:
 
     async def _inject(self, request: web.Request, key: str) -> None:
         """Maybe fail this attempt, as configured; then sleep the latency."""
-        failure: Any = None
-        if self.attempts[key] <= self.fail_attempts:
-            failure = self.failure
-        else:
-            for kind, rate in self.rates.items():
-                if rate and self._rng.random() < rate:
-                    failure = kind
-                    break
-        if failure == "drop":
-            if request.transport is not None:
-                request.transport.abort()
-            raise asyncio.CancelledError  # the connection is gone: nothing to answer
-        if failure == "hang":
-            assert self._stopping is not None
-            await self._stopping.wait()
-            raise asyncio.CancelledError
-        if failure == 429:
-            raise WireError.json_error(429, "Model is overloaded", "overloaded")
-        if failure == 424:
-            raise WireError.json_error(
-                424, "Request failed during generation: injected failure", "generation"
-            )
-        if failure == 500:
-            raise WireError.json_error(500, "Incomplete generation", "incomplete_generation")
-        if failure == 503:
-            raise WireError(503, "503 Service Unavailable (injected by a proxy)", text=True)
+        failure = choose_failure(self.attempts[key], self.fail_attempts, self.failure, self.rates, self._rng)
+        await fail(failure, request, self._stopping)
         delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
         if self._slots is not None:
             async with self._slots:

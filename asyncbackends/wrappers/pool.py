@@ -38,16 +38,12 @@ capacity = 16
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..adapters._sampling import refuse_unsupported
-from ..cache import backend_fingerprint
 from ..errors import (
     BackendClosedError,
     BackendError,
@@ -57,7 +53,6 @@ from ..errors import (
 )
 from ..protocol import BaseBackend
 from ..types import (
-    Capabilities,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -65,62 +60,19 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from .router import HEALTHY, Replica, ReplicaStats, Router
+from .pool_replicas import (
+    common_capabilities,
+    load_replicas_file,
+    replica_label,
+    replica_model,
+    static_identity,
+)
+from .replica import HEALTHY, Replica, ReplicaStats
+from .router import Router
 
 __all__ = ["PoolBackend", "load_replicas_file", "pool"]
 
-# Fingerprint keys that say where a replica is, not what it computes: left out of the pool's identity.
-_ADDRESS_KEYS = frozenset({"url", "base_url", "endpoint", "address", "host", "port"})
 _POOL_KEYS = ("capacity", "label")
-# Every yes/no capability, read from the type itself so a flag added to `Capabilities` is pooled too.
-_BOOL_CAPABILITIES = tuple(
-    f.name for f in dataclasses.fields(Capabilities) if isinstance(getattr(Capabilities(), f.name), bool)
-)
-
-
-def load_replicas_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a replicas file (``.toml``, or ``.json``): ``{"replicas": [...], **pool options}``.
-
-    Raises:
-        InvalidRequestError: The file is missing, unreadable, or has no ``replicas`` list.
-    """
-    file = Path(path)
-    try:
-        text = file.read_text()
-        data = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"cannot read the replicas file {str(file)!r}: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
-        raise InvalidRequestError(f"the replicas file {str(file)!r} has no list of [[replicas]]")
-    return data
-
-
-def _label(backend: Any, index: int) -> str:
-    for attr in ("url", "base_url"):
-        value = getattr(backend, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return f"{getattr(backend, 'name', 'replica')}-{index}"
-
-
-def _static_identity(backend: Any) -> dict[str, Any]:
-    return {k: v for k, v in backend_fingerprint(backend).items() if k not in _ADDRESS_KEYS}
-
-
-async def replica_model(backend: Any) -> str:
-    """The model a replica serves.
-
-    TGI's ``/info`` ``model_id``, else the adapter's ``model``, else its fingerprint without addresses (JSON).
-    """
-    info = getattr(backend, "info", None)
-    if callable(info) and asyncio.iscoroutinefunction(info):
-        model_id = getattr(await info(), "model_id", None)
-        if isinstance(model_id, str) and model_id:
-            return model_id
-    model = getattr(backend, "model", None)
-    if isinstance(model, str) and model:
-        return model
-    return json.dumps(_static_identity(backend), sort_keys=True, default=str)
 
 
 class PoolBackend(BaseBackend):
@@ -172,7 +124,7 @@ class PoolBackend(BaseBackend):
                 capacity = getattr(getattr(backend, "capabilities", None), "max_concurrency", None)
             if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
                 raise InvalidRequestError(f"replica {i}: capacity must be an int >= 1, got {capacity!r}")
-            label = labels[i] or _label(backend, i)
+            label = labels[i] or replica_label(backend, i)
             if label in seen:
                 label = f"{label}#{i}"
             seen.add(label)
@@ -184,9 +136,9 @@ class PoolBackend(BaseBackend):
         self._checked = False
         self._check_lock: asyncio.Lock | None = None
         self._identities = sorted(
-            {json.dumps(_static_identity(b), sort_keys=True, default=str) for b in backends}
+            {json.dumps(static_identity(b), sort_keys=True, default=str) for b in backends}
         )
-        self.capabilities = _common_capabilities(backends, [r.capacity for r in wrapped])
+        self.capabilities = common_capabilities(backends, [r.capacity for r in wrapped])
 
     @classmethod
     async def create(
@@ -398,13 +350,6 @@ class PoolBackend(BaseBackend):
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             raise errors[0]
-
-
-def _common_capabilities(backends: Sequence[Any], capacities: Sequence[int | None]) -> Capabilities:
-    caps = [getattr(b, "capabilities", Capabilities()) for b in backends]
-    flags = {name: all(getattr(c, name, False) for c in caps) for name in _BOOL_CAPABILITIES}
-    total = sum(c for c in capacities if c is not None) if all(c is not None for c in capacities) else None
-    return Capabilities(**flags, max_concurrency=total or None)
 
 
 def pool(

@@ -33,40 +33,27 @@ What the router does with one attempt (`Router.call`):
 
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`,
 the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
+
+A replica's state, figures and fault rules live in `asyncbackends.wrappers.replica`, the two ways of
+choosing one in `asyncbackends.wrappers.routing`; this module ties them into the policy above (their public
+names are importable from here as well).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from ..errors import (
-    BackendBrokenError,
-    BackendClosedError,
-    BackendError,
-    BackendTimeoutError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    RateLimitedError,
-)
+from ..errors import BackendError, BackendUnavailableError, InvalidRequestError
 from ..observe import note_replica, replica_state
-from ..types import (
-    GenerationRequest,
-    LoglikelihoodRequest,
-    Request,
-    Result,
-    RollingLoglikelihoodRequest,
-    SamplingParams,
-)
+from ..types import GenerationRequest, Request, Result, SamplingParams
+from .replica import COOLING, HEALTHY, REFUSED, Replica, ReplicaStats, is_replica_fault, sent_nothing
+from .routing import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
 
 __all__ = [
     "POWER_OF_TWO_ABOVE",
@@ -81,187 +68,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Routing = Literal["least_loaded", "affinity"]
-ROUTINGS: tuple[str, ...] = ("least_loaded", "affinity")
-"""The routing policies `Router` accepts."""
-
-POWER_OF_TWO_ABOVE = 8
-"""With more healthy replicas than this, least-loaded routing compares two drawn at random."""
-
-HEALTHY, COOLING, REFUSED = "healthy", "cooling", "refused"
-
-_FAULTS = (
-    BackendUnavailableError,
-    RateLimitedError,
-    BackendTimeoutError,
-    BackendBrokenError,
-    BackendClosedError,
-)
 _PROBE_REQUEST = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="asyncbackends-probe")
-
-
-def sent_nothing(exc: BaseException) -> bool:
-    """Whether a failed attempt certainly sent nothing (the connection was refused), so it may go elsewhere.
-
-    True for an error carrying ``sent_nothing = True`` (a replica proxy can set it) or caused, anywhere in its
-    ``__cause__`` chain, by ``ConnectionRefusedError`` or aiohttp's ``ClientConnectorError`` (no connection
-    was made). A reset or dropped connection is not: the replica may have started the work.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if getattr(current, "sent_nothing", False) is True:
-            return True
-        if isinstance(current, ConnectionRefusedError):
-            return True
-        if type(current).__name__ in ("ClientConnectorError", "ClientConnectorDNSError"):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def is_replica_fault(exc: BaseException) -> bool:
-    """Whether ``exc`` says the replica (not the request) is at fault, so the replica is cooled down.
-
-    Faults: `BackendUnavailableError`, `RateLimitedError`, `BackendTimeoutError`, `BackendBrokenError`,
-    `BackendClosedError` (a replica closed under the pool), a retryable plain `BackendError` (a 5xx), and
-    any non-library exception a replica leaked. Not faults: `RequestRejectedError` and
-    `InvalidRequestError`, which every replica would answer the same way.
-    """
-    if isinstance(exc, InvalidRequestError):
-        return False
-    if isinstance(
-        exc,
-        (
-            BackendUnavailableError,
-            RateLimitedError,
-            BackendTimeoutError,
-            BackendBrokenError,
-            BackendClosedError,
-        ),
-    ):
-        return True
-    if isinstance(exc, BackendError):
-        return type(exc) is BackendError and exc.retryable
-    return isinstance(exc, Exception)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStats:
-    """One replica's figures at one moment (counters are since the router was built).
-
-    Attributes:
-        label: The replica's name in reports (its URL for HTTP adapters).
-        state: ``"healthy"``, ``"cooling"`` (cooled down, probed in the background) or ``"refused"``
-            (its ``verify`` failed for good, for example it serves another model).
-        in_flight: Attempts running on it now.
-        capacity: The concurrency it was given (or reported), ``None`` where unknown.
-        requests: Attempts sent to it.
-        successes: Attempts it answered.
-        failures: Attempts that failed on it, for any reason.
-        cooldowns: Times it was cooled down.
-        last_error: The last fault that cooled it down, in words.
-    """
-
-    label: str
-    state: str
-    in_flight: int
-    capacity: int | None
-    requests: int
-    successes: int
-    failures: int
-    cooldowns: int
-    last_error: str | None = None
-
-
-class Replica:
-    """One replica as the router sees it: the backend object and its live figures.
-
-    Args:
-        backend: Anything with the backend methods, optionally ``check_ready``.
-        label: Its name in reports.
-        capacity: Requests it serves at once, for load ratios; ``None`` counts in-flight requests alone.
-    """
-
-    __slots__ = (
-        "_epoch",
-        "_probe",
-        "_streak",
-        "backend",
-        "capacity",
-        "cooldowns",
-        "cooled_until",
-        "failures",
-        "in_flight",
-        "label",
-        "last_error",
-        "requests",
-        "salt",
-        "state",
-        "successes",
-        "weight",
-    )
-
-    def __init__(self, backend: Any, *, label: str, capacity: int | None = None) -> None:
-        self.backend = backend
-        self.label = label
-        self.capacity = capacity
-        self.weight = float(capacity or 1)
-        self.salt = hashlib.blake2b(label.encode(), digest_size=8).digest()
-        self.state = HEALTHY
-        self.in_flight = self.requests = self.successes = self.failures = self.cooldowns = 0
-        self.cooled_until = 0.0
-        self.last_error: str | None = None
-        self._streak = 0  # faults in a row: the next cool-down is cooldown * 2 ** (streak - 1)
-        self._epoch = 0  # bumped when taken back; a success only clears the streak if sent since
-        self._probe: asyncio.Task[None] | None = None
-
-    @property
-    def load(self) -> float:
-        """Requests in flight relative to capacity."""
-        return self.in_flight / self.weight
-
-    def stats(self) -> ReplicaStats:
-        """A snapshot of its figures."""
-        return ReplicaStats(
-            self.label,
-            self.state,
-            self.in_flight,
-            self.capacity,
-            self.requests,
-            self.successes,
-            self.failures,
-            self.cooldowns,
-            self.last_error,
-        )
-
-    def __repr__(self) -> str:
-        return f"Replica({self.label!r}, state={self.state!r}, in_flight={self.in_flight})"
-
-
-def affinity_key(request: Request, chars: int) -> bytes | None:
-    """The part of a request that decides its replica under affinity routing.
-
-    Its prompt's first ``chars`` characters (a loglikelihood request's context; a token prompt's first
-    ``chars // 4`` tokens); ``None`` for anything else.
-    """
-    text: str
-    if isinstance(request, GenerationRequest):
-        prompt = request.prompt
-        if isinstance(prompt, str):
-            text = prompt
-        elif request.prompt_kind == "tokens":
-            return repr(prompt[: max(1, chars // 4)]).encode()
-        else:
-            text = json.dumps([dict(m) for m in prompt], sort_keys=True)  # type: ignore[arg-type]
-    elif isinstance(request, LoglikelihoodRequest):
-        text = request.context or request.continuation
-    elif isinstance(request, RollingLoglikelihoodRequest):
-        text = request.text
-    else:
-        return None
-    return text[:chars].encode()
 
 
 class Router:
@@ -343,33 +150,8 @@ class Router:
         if self.routing == "affinity":
             key = affinity_key(request, self.affinity_chars)
             if key is not None:
-                return self._affine(key, candidates)
-        return self._least_loaded(candidates)
-
-    def _least_loaded(self, candidates: list[Replica]) -> Replica:
-        if len(candidates) > POWER_OF_TWO_ABOVE:
-            a, b = self._rng.sample(candidates, 2)
-            return a if a.load <= b.load else b
-        best = min(r.load for r in candidates)
-        ties = [r for r in candidates if r.load == best]
-        # At random among equals: a rule such as "the one sent the fewest" would favour a slow replica.
-        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
-
-    def _affine(self, key: bytes, candidates: list[Replica]) -> Replica:
-        digest = hashlib.blake2b(key, digest_size=8).digest()
-
-        def rank(r: Replica) -> bytes:
-            return hashlib.blake2b(digest, key=r.salt, digest_size=8).digest()
-
-        total = sum(r.in_flight for r in candidates) + 1
-        weights = sum(r.weight for r in candidates)
-        for replica in sorted(candidates, key=rank, reverse=True):
-            if replica.capacity is not None and replica.in_flight < replica.capacity:
-                return replica  # room to spare: keeping the prefix here costs no throughput
-            bound = math.ceil(self.affinity_slack * total * replica.weight / weights)
-            if replica.in_flight + 1 <= bound:
-                return replica
-        return self._least_loaded(candidates)  # pragma: no cover  (the bounds sum above the total)
+                return affine(key, candidates, self.affinity_slack, self._rng)
+        return least_loaded(candidates, self._rng)
 
     # -- one attempt ---------------------------------------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""The ``asyncbackends`` command's arguments, help texts and examples (`asyncbackends.cli` runs them)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._cli_observability import add_observability_options, add_report_command
+
+__all__ = ["build_parser"]
+
+_DESCRIPTION = "Send JSONL files of requests to LLM backends, manage response caches, check adapters."
+
+_EXAMPLES = """\
+examples:
+  asyncbackends list
+  asyncbackends run examples/demo.jsonl --backend mock --output out.jsonl
+  asyncbackends run requests.jsonl --backend vllm --option model=/path/to/model \\
+      --option max_model_len=4096 --cache run.sqlite > results.jsonl
+  asyncbackends run requests.jsonl --backend tgi --option url=http://localhost:8080 --concurrency 64
+  asyncbackends cache stats run.sqlite
+  asyncbackends contract mock -- -x
+
+Results go to --output or stdout (one JSON record per input line, in input order); logs, progress and
+the run summary go to stderr. Exit status: 0 all succeeded, 1 some failed, 2 bad input or options,
+130 interrupted (Ctrl-C; what finished is kept).
+"""
+
+_RUN_EXAMPLES = """\
+examples:
+  asyncbackends run examples/demo.jsonl --backend mock
+  asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option dtype=float32 \\
+      --output out.jsonl --cache run.sqlite
+  asyncbackends run in.jsonl --backend openai --option base_url=http://localhost:8000/v1 \\
+      --option model=my-model --timeout 60 | head
+
+--option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
+Ctrl-C stops the run, keeps the finished results and exits 130; with --cache a rerun resumes.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``asyncbackends`` command line: list, run, cache, contract and report, with their options."""
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="asyncbackends", description=_DESCRIPTION, epilog=_EXAMPLES, formatter_class=raw
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="registered adapters, whether each is installed, and how to install it")
+
+    run = sub.add_parser(
+        "run",
+        help="send every request of a JSONL file, write one record per line",
+        description="Send every request of a JSONL file to a backend; write one record per input line.",
+        epilog=_RUN_EXAMPLES,
+        formatter_class=raw,
+    )
+    run.add_argument("input", help="JSONL file, one request per line")
+    run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
+    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
+    run.add_argument("--output", help="JSONL file for results (default: standard output)")
+    run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
+    run.add_argument("--timeout", type=float, help="seconds per attempt")
+    run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
+    run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_observability_options(run)
+    run.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="send the first request once before the run, untimed and not written (engine warm-up)",
+    )
+
+    cache = sub.add_parser("cache", help="inspect or clear a response cache")
+    cache.add_argument("action", choices=["stats", "clear"])
+    cache.add_argument("path")
+
+    contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
+    contract.add_argument("name", help="adapter name")
+    contract.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
+    contract.add_argument(
+        "--failing-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option (over the others) making every request fail, e.g. url=http://127.0.0.1:9",
+    )
+    contract.add_argument(
+        "--slot-limit-option",
+        metavar="NAME",
+        help="option sizing the adapter's own pool: max_connections",
+    )
+    contract.epilog = "Arguments after -- go to pytest, for example: -- -x -k cancel"
+    add_report_command(sub)
+    return parser

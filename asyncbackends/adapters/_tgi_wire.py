@@ -1,0 +1,179 @@
+"""TGI's native wire format for the ``tgi`` adapter: ``/info``, request bodies and response parsing.
+
+How `SamplingParams` map onto TGI's parameters is told in `asyncbackends.adapters.tgi`'s docstring.
+
+Pure functions, no I/O. The parsers raise ``KeyError``, ``TypeError``, ``AttributeError`` (and, for the
+chat route, ``IndexError`` or ``ValueError``) on a body that is not what TGI promises; the adapter turns
+those into a malformed-response `BackendError` with the request's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..types import Completion, GenerationRequest
+
+__all__ = [
+    "UNSUPPORTED_REASONS",
+    "TGIInfo",
+    "chat_payload",
+    "generate_payload",
+    "int_header",
+    "parse_chat",
+    "parse_generate",
+    "sampling_parameters",
+]
+
+_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+UNSUPPORTED_REASONS = {
+    "presence_penalty": "TGI has none (its chat route turns presence_penalty into a repetition penalty)",
+    "min_p": "TGI has no min_p",
+    "min_tokens": "TGI has no minimum length",
+}
+"""Why TGI cannot honour these optional sampling parameters, for the refusal's message."""
+
+
+@dataclass(frozen=True, slots=True)
+class TGIInfo:
+    """What ``GET /info`` says about the server (fields TGI does not report are ``None``)."""
+
+    model_id: str | None = None
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_stop_sequences: int | None = None
+    max_concurrent_requests: int | None = None
+    version: str | None = None
+    model_sha: str | None = None
+    model_dtype: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TGIInfo:
+        """Parse ``/info``; TGI < 2.0 named ``max_input_tokens`` ``max_input_length``."""
+
+        def num(key: str) -> int | None:
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return value if isinstance(value, str) else None
+
+        return cls(
+            model_id=text("model_id"),
+            model_sha=text("model_sha"),
+            model_dtype=text("model_dtype"),
+            max_input_tokens=num("max_input_tokens") or num("max_input_length"),
+            max_total_tokens=num("max_total_tokens"),
+            max_stop_sequences=num("max_stop_sequences"),
+            max_concurrent_requests=num("max_concurrent_requests"),
+            version=text("version"),
+        )
+
+
+def sampling_parameters(params: Any) -> dict[str, Any]:
+    """``/generate``'s sampling ``parameters``: greedy or sampling, penalties and the grammar."""
+    out: dict[str, Any] = {"do_sample": False}
+    if not params.greedy:
+        out = {"do_sample": True, "temperature": params.temperature}
+        if params.top_k is not None:
+            out["top_k"] = params.top_k
+        if params.top_p < 1.0:
+            out["top_p"] = params.top_p
+    # Penalties are not warpers: TGI applies them in greedy mode too without turning sampling on.
+    for name in ("repetition_penalty", "frequency_penalty"):
+        if getattr(params, name) is not None:
+            out[name] = getattr(params, name)
+    grammar = _grammar(params)
+    if grammar is not None:
+        out["grammar"] = grammar
+    return out
+
+
+def generate_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]:
+    """The body of ``POST /generate`` for one sequence of a text prompt."""
+    params = request.params
+    parameters = sampling_parameters(params)
+    parameters.update(max_new_tokens=params.max_tokens, return_full_text=False, details=True)
+    if params.stop:
+        parameters["stop"] = list(params.stop)
+    if seed is not None:
+        parameters["seed"] = seed
+    return {"inputs": request.prompt, "parameters": parameters}
+
+
+def parse_generate(body: Any, params: Any) -> Completion:
+    """The completion in a ``/generate`` answer (stop sequence stripped, finish reason mapped)."""
+    text: str = body["generated_text"]
+    details = body.get("details") or {}
+    tokens = details.get("tokens") or []
+    reason = str(details.get("finish_reason"))
+    if reason == "stop_sequence":
+        text = _strip_stop(text, params.stop)
+    logprobs = tuple(t["logprob"] for t in tokens) if params.logprobs else None
+    if logprobs is not None and any(lp is None for lp in logprobs):
+        logprobs = None
+    return Completion(text, tuple(t["id"] for t in tokens), logprobs, _FINISH.get(reason, reason))
+
+
+def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]:
+    """The body of ``POST /v1/chat/completions`` for one sequence of a chat prompt."""
+    params = request.params
+    payload: dict[str, Any] = {
+        "messages": [dict(m) for m in request.prompt if isinstance(m, Mapping)],
+        "max_tokens": params.max_tokens,
+        # TGI's chat route reads temperature 0 as greedy (do_sample false), unlike /generate.
+        "temperature": params.temperature,
+    }
+    if params.top_p < 1.0 and not params.greedy:
+        payload["top_p"] = params.top_p
+    if params.frequency_penalty is not None:
+        payload["frequency_penalty"] = params.frequency_penalty
+    grammar = _grammar(params)
+    if grammar is not None:
+        payload["response_format"] = grammar
+    if params.stop:
+        payload["stop"] = list(params.stop)
+    if seed is not None:
+        payload["seed"] = seed
+    if params.logprobs:
+        payload["logprobs"] = True
+    return payload
+
+
+def parse_chat(body: Any, params: Any) -> tuple[Completion, Any]:
+    """The completion in a chat answer, and the answer's ``usage`` (``{}`` where it has none)."""
+    choice = body["choices"][0]
+    text = choice["message"].get("content") or ""
+    logprobs = None
+    if params.logprobs and choice.get("logprobs"):
+        logprobs = tuple(float(t["logprob"]) for t in choice["logprobs"]["content"])
+    usage = body.get("usage") or {}
+    return Completion(text, (), logprobs, choice.get("finish_reason")), usage
+
+
+def _grammar(params: Any) -> dict[str, Any] | None:
+    """TGI's ``GrammarType`` for the request's structured-output constraint, if any."""
+    if params.json_schema is not None:
+        return {"type": "json", "value": dict(params.json_schema)}
+    if params.regex is not None:
+        return {"type": "regex", "value": params.regex}
+    return None
+
+
+def _strip_stop(text: str, stops: Sequence[str]) -> str:
+    # TGI's text ends with the stop sequence that ended it; ours never includes it.
+    for stop in sorted(stops, key=len, reverse=True):
+        if text.endswith(stop):
+            return text[: -len(stop)]
+    return text
+
+
+def int_header(headers: Mapping[str, str], name: str) -> int | None:
+    """A header's integer value; ``None`` where it is missing or not an integer."""
+    value = headers.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,125 @@
+"""Results: `Completion`, `GenerationResult` and `LoglikelihoodResult`, validated at construction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from ._field_checks import as_floats, as_ints, check_request_id, is_int, set_field
+from .errors import InvalidRequestError
+
+__all__ = ["Completion", "FinishReason", "GenerationResult", "LoglikelihoodResult", "Result"]
+
+FinishReason: TypeAlias = Literal["stop", "length", "abort", "error"] | str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One generated completion.
+
+    Args:
+        text: The generated text (the prompt not included; stop strings not included).
+        token_ids: The generated token ids, where the backend reports them.
+        logprobs: Each generated token's logprob, when asked for and available.
+        finish_reason: Why generation stopped: ``"stop"``, ``"length"``, or the backend's word.
+    """
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] | None = None
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        # Checked cheaply (results are built once per request on the hot path) but enough that every
+        # completion the constructor accepts survives the response cache's round trip unchanged.
+        if not isinstance(self.text, str):
+            raise InvalidRequestError(f"text must be a str, got {type(self.text).__name__}")
+        if type(self.token_ids) is not tuple:
+            # None is "not reported", like (): one value for it, so a cached copy compares equal.
+            set_field(
+                self, "token_ids", as_ints("token_ids", () if self.token_ids is None else self.token_ids)
+            )
+        if self.logprobs is not None and type(self.logprobs) is not tuple:
+            set_field(self, "logprobs", as_floats("logprobs", self.logprobs))
+        if self.finish_reason is not None and not isinstance(self.finish_reason, str):
+            raise InvalidRequestError(f"finish_reason must be a str or None, got {self.finish_reason!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """The result of one `GenerationRequest`.
+
+    Args:
+        request_id: The request's id.
+        completions: Exactly ``params.n`` completions, in index order.
+        prompt_tokens: Tokens in the prompt, where known.
+        model: The model that answered, where known.
+    """
+
+    request_id: str | None
+    completions: tuple[Completion, ...]
+    prompt_tokens: int | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        check_request_id(self.request_id)
+        if type(self.completions) is not tuple:
+            if isinstance(self.completions, (str, bytes)) or not isinstance(self.completions, Sequence):
+                raise InvalidRequestError("completions must be a sequence of Completion")
+            set_field(self, "completions", tuple(self.completions))
+        if not all(type(c) is Completion for c in self.completions):
+            raise InvalidRequestError("completions must be a sequence of Completion")
+        if self.prompt_tokens is not None and not is_int(self.prompt_tokens):
+            raise InvalidRequestError(f"prompt_tokens must be an int or None, got {self.prompt_tokens!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise InvalidRequestError(f"model must be a str or None, got {type(self.model).__name__}")
+
+    @property
+    def text(self) -> str:
+        """The first completion's text."""
+        return self.completions[0].text
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens over all completions (0 where the backend gave no token ids)."""
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+@dataclass(frozen=True, slots=True)
+class LoglikelihoodResult:
+    """The result of a loglikelihood request.
+
+    Args:
+        request_id: The request's id.
+        logprob: The summed log probability (never positive).
+        is_greedy: Whether greedy decoding would produce the continuation; ``None`` where unknowable.
+        num_tokens: Tokens scored.
+        token_logprobs: Each scored token's logprob, where the backend reports them.
+    """
+
+    request_id: str | None
+    logprob: float
+    is_greedy: bool | None = None
+    num_tokens: int = 0
+    token_logprobs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_request_id(self.request_id)
+        if (
+            not isinstance(self.logprob, (int, float))
+            or isinstance(self.logprob, bool)
+            or self.logprob != self.logprob
+        ):
+            raise InvalidRequestError(f"logprob must be a number (not NaN), got {self.logprob!r}")
+        if type(self.logprob) is not float:
+            set_field(self, "logprob", float(self.logprob))
+        if self.is_greedy is not None and not isinstance(self.is_greedy, bool):
+            raise InvalidRequestError(f"is_greedy must be a bool or None, got {self.is_greedy!r}")
+        if not is_int(self.num_tokens):
+            raise InvalidRequestError(f"num_tokens must be an int, got {self.num_tokens!r}")
+        if self.token_logprobs is not None and type(self.token_logprobs) is not tuple:
+            set_field(self, "token_logprobs", as_floats("token_logprobs", self.token_logprobs))
+
+
+Result: TypeAlias = GenerationResult | LoglikelihoodResult

@@ -1,0 +1,81 @@
+"""A clean close of a real engine, in a process of its own: silent, no process or shared memory left behind.
+
+vLLM's processes take seconds to exit (full-heap garbage collections on the way out, more on a busy
+machine); killed before they finish, they leave a shared-memory segment that Python's resource tracker
+reports at exit, and vLLM logs the kill. The test waits for the process (a generous limit, no wall-clock
+assertion) and reads everything it printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ..processes import start_group, stop_group
+from .conftest import ENGINE_OPTIONS
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import asyncbackends as ab
+    from tests.processes import engine_core_pids
+
+    if __name__ == "__main__":  # the engine core is a spawned process
+        model, options = sys.argv[1], json.loads(sys.argv[2])
+        backend = ab.create_backend("vllm", model=model, **options)
+        (result,) = ab.run_batch(backend, [ab.GenerationRequest("Hello", ab.SamplingParams(max_tokens=4))])
+        print("generated", len(result.completions[0].token_ids), flush=True)
+        print("engine cores", len(engine_core_pids()), flush=True)
+        asyncio.run(backend.aclose())  # from a loop of the caller's own, as an async harness would
+        print("closed; engine cores left", len(engine_core_pids()), flush=True)
+    """
+)
+
+# What a clean close must not print: vLLM killing its own processes (its grace was too short), the
+# resource tracker finding a segment that a killed process did not free, or any traceback.
+NOISE = (
+    "workers still running after grace period",
+    "force killing",
+    "leaked shared_memory",
+    "resource_tracker",
+    "Traceback",
+    "ContextTerminated",
+)
+
+
+def test_close_is_silent_and_leaves_nothing_running(tiny_model: str, tmp_path: Path) -> None:
+    script = tmp_path / "close.py"
+    script.write_text(SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = start_group(
+        [sys.executable, str(script), tiny_model, json.dumps(ENGINE_OPTIONS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=root,
+    )
+    try:
+        out, err = proc.communicate(timeout=800)  # start-up (20-120 s here) and close: generous
+    finally:
+        stop_group(proc)
+    stdout, stderr = out.decode(), err.decode()
+    lines = stdout.splitlines()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "generated 4" in lines and "engine cores 1" in lines
+    assert "closed; engine cores left 0" in lines  # aclose() returned once the engine's processes exited
+    # vLLM's logs go to stdout here (its default), Python's warnings to stderr: both are read.
+    found = [line for line in (stdout + stderr).splitlines() if any(noise in line for noise in NOISE)]
+    assert not found, found
