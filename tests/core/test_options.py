@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import math
 import sqlite3
 from pathlib import Path
@@ -117,7 +118,8 @@ def test_run_options_are_frozen_and_exported() -> None:
     options = ab.RunOptions(concurrency=3, timeout=1)
     with pytest.raises(AttributeError):
         options.concurrency = 4  # type: ignore[misc]
-    assert ab.RetryPolicy is ab.gather.__globals__["RetryPolicy"]
+    # The module, not the function's __globals__: a wrapped gather (a mutation tester's) has others.
+    assert ab.RetryPolicy is importlib.import_module("asyncbackends.gather").RetryPolicy
     assert ab.DEFAULT_CONCURRENCY == 64
 
 
@@ -164,3 +166,46 @@ def test_a_cache_opened_for_a_run_is_closed_however_the_run_ends(
     with contextlib.closing(mine):
         ab.run_batch(make_mock(), requests(3), cache=mine)
         assert len(mine) == 3  # still open: readable after the run
+
+
+def test_the_edge_values_are_accepted() -> None:
+    # The smallest valid value of each option (found by mutation testing: a bound moved by one passed).
+    assert (
+        ab.RetryPolicy(max_attempts=1, initial_delay=0, max_delay=0, jitter=False).delay(
+            1, ab.BackendError("x")
+        )
+        == 0
+    )
+    assert ab.RateLimit(requests_per_second=1e-9, tokens_per_minute=1e-9).requests_per_second == 1e-9
+    options = RunOptions(
+        concurrency=1, timeout=1e-9, progress="label", cache="c.sqlite", return_exceptions=True
+    )
+    assert (options.concurrency, options.timeout, options.progress) == (1, 1e-9, "label")
+
+
+def test_a_refused_value_is_named_in_the_message() -> None:
+    cases: list[tuple[Any, str]] = [
+        (lambda: RunOptions(concurrency=0), "concurrency must be an int >= 1 or None, got 0"),
+        (lambda: RunOptions(timeout=-1), "timeout must be a finite number > 0 or None, got -1"),
+        (lambda: RunOptions(retry=3), "retry must be a RetryPolicy or None, got int"),  # type: ignore[arg-type]
+        (
+            lambda: RunOptions(cache=3),  # type: ignore[arg-type]
+            "cache must be a ResponseCache or str or PathLike or None, got int",
+        ),
+        (lambda: RunOptions(progress=1), "progress must be a bool or a str, got int"),  # type: ignore[arg-type]
+        (
+            lambda: RunOptions(return_exceptions="yes"),  # type: ignore[arg-type]
+            "return_exceptions must be a bool, got 'yes'",
+        ),
+        (lambda: ab.RetryPolicy(max_attempts=0), "max_attempts must be an int >= 1, got 0"),
+        (lambda: ab.RetryPolicy(max_delay=-1), "max_delay must be a finite number >= 0, got -1"),
+        (lambda: ab.RetryPolicy(jitter=1), "jitter must be a bool, got 1"),  # type: ignore[arg-type]
+        (
+            lambda: ab.RateLimit(tokens_per_minute=0),
+            "tokens_per_minute must be a finite number > 0 or None, got 0",
+        ),
+    ]
+    for build, message in cases:
+        with pytest.raises(ab.InvalidRequestError) as info:
+            build()
+        assert str(info.value) == message

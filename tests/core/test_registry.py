@@ -136,3 +136,21 @@ def test_each_adapter_extra_installs_what_the_registry_requires() -> None:
     core = names(project["dependencies"])
     assert "anyio" not in core and "aiohttp" not in core and "huggingface_hub" not in core
     assert {"pytest", "jsonschema", "aiohttp"} <= names(extras["testing"])
+
+
+def test_a_new_name_registers_without_replace_and_then_clashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_registered", {})
+    ab.register_backend("echo-fresh", "asyncbackends.adapters.mock:MockBackend")
+    assert ab.available_backends()["echo-fresh"] == "asyncbackends.adapters.mock:MockBackend"
+    with pytest.raises(ab.InvalidRequestError) as info:
+        ab.register_backend("echo-fresh", "elsewhere:Other")
+    assert str(info.value) == (
+        "a backend named 'echo-fresh' is already registered (asyncbackends.adapters.mock:MockBackend); "
+        "pass replace=True to replace it"
+    )
+    for target in ("no_colon_here", ":Class", "module:"):
+        with pytest.raises(
+            ab.InvalidRequestError, match=r"^target must look like 'package\.module:Class', got"
+        ):
+            ab.register_backend("other", target)
+    assert "other" not in ab.available_backends()
