@@ -13,6 +13,7 @@ import pytest
 import asyncbackends as ab
 from asyncbackends._clock import AttemptClock
 from asyncbackends._run import Run
+from asyncbackends.cache import CacheReadWarning
 from asyncbackends.observe import RequestObserver, RunObserver, note_replica
 from asyncbackends.options import RunOptions
 
@@ -193,7 +194,13 @@ def test_the_observer_sees_each_attempt_retry_replica_and_outcome() -> None:
     observer = Recording()
     retry = ab.RetryPolicy(max_attempts=3, initial_delay=0, jitter=False)
     outcomes = observed(
-        Replicas(), ["ok", "again", "bad"], observer, concurrency=1, retry=retry, return_exceptions=True
+        Replicas(),
+        ["ok", "again", "bad"],
+        observer,
+        concurrency=1,
+        retry=retry,
+        return_exceptions=True,
+        timeout=60,  # timed attempts, observed: the attempt's clock is the worker's
     )
     assert [type(o).__name__ for o in outcomes] == [
         "GenerationResult",
@@ -250,3 +257,50 @@ def test_the_observer_sees_cache_hits_rate_waits_and_cancellations(tmp_path: Pat
     assert observer.of(0)[-2:] == [("attempt_ended", 1, "CancelledError"), ("cancelled",)]
     assert observer.of(1)[-1] == ("done", "RequestRejectedError")
     assert observer.ended == 1
+
+
+# The run's own bookkeeping at its edges (found by mutation testing).
+
+
+class Bare(ab.BaseBackend):
+    """Fails with errors that name neither the request nor the backend, as a careless adapter would."""
+
+    name = "bare"
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        raise ab.RequestRejectedError("no")
+
+
+def test_an_adapters_error_is_labelled_with_its_request_and_backend() -> None:
+    (outcome,) = ab.run_batch(Bare(), requests(1), return_exceptions=True)
+    assert isinstance(outcome, ab.RequestRejectedError)
+    assert (outcome.request_id, outcome.backend) == ("p0", "bare")
+
+
+def test_a_timeout_says_which_attempt_and_hides_the_cancellation() -> None:
+    (outcome,) = ab.run_batch(
+        Waits(), requests(1), timeout=0.05, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
+    )
+    assert isinstance(outcome, ab.BackendTimeoutError)
+    assert str(outcome) == "attempt 1 took longer than 0.05 s [waits] (request p0)"
+    assert outcome.__cause__ is None  # the sweeper's CancelledError is how, not why
+
+
+def test_the_bar_marks_errors_without_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    ab.run_batch(Bare(), requests(2), progress=True, return_exceptions=True)
+    assert "errors=yes" in capsys.readouterr().err
+
+
+def test_cache_read_failures_count_only_failures_and_need_no_metrics(tmp_path: Path) -> None:
+    metrics = ab.RunMetrics()
+    ab.run_batch(ab.create_backend("mock"), requests(3), cache=tmp_path / "ok.sqlite", metrics=metrics)
+    assert metrics.cache_read_failures == 0
+    broken = ab.ResponseCache(tmp_path / "broken.sqlite")
+    broken._db.execute("DROP TABLE results")
+    try:
+        with pytest.warns(CacheReadWarning):
+            outcomes = ab.run_batch(ab.create_backend("mock"), requests(3), cache=broken)
+        assert [o.text for o in outcomes] == ["p0", "p1", "p2"]
+        assert broken.read_failures == 3
+    finally:
+        broken.close()
