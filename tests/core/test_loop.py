@@ -332,3 +332,38 @@ def test_an_unusable_manager_says_why() -> None:
     assert str(info.value) == (
         "this LoopManager belongs to the parent process; after fork call get_loop_manager() again"
     )
+
+
+class SlowToCancel(ab.BaseBackend):
+    """Hangs; once cancelled, takes two seconds to clean up (an engine abort that is slow to answer)."""
+
+    name = "slow-to-cancel"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.cleaning = threading.Event()
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cleaning.set()
+            await asyncio.sleep(2)
+            raise
+        raise AssertionError("unreachable")
+
+
+def test_a_caller_cancelled_again_while_waiting_for_clean_up_is_cancelled() -> None:
+    backend = SlowToCancel()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(ab.gather(backend, [ab.GenerationRequest("x")]))
+        await asyncio.to_thread(backend.entered.wait, 30)
+        task.cancel()  # arun now waits (bounded) for the clean-up on the shared loop ...
+        await asyncio.to_thread(backend.cleaning.wait, 30)
+        task.cancel()  # ... and the caller gives up on that wait too
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

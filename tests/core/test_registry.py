@@ -4,6 +4,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,34 @@ def test_a_new_name_registers_without_replace_and_then_clashes(monkeypatch: pyte
         ):
             ab.register_backend("other", target)
     assert "other" not in ab.available_backends()
+
+
+class AsyncBuilt(ab.BaseBackend):
+    """Built by an async ``create`` classmethod, which says where it ran."""
+
+    name = "async-built"
+
+    def __init__(self, via: str) -> None:
+        self.via = via
+
+    @classmethod
+    async def create(cls, suffix: str = "") -> AsyncBuilt:
+        return cls(f"create on {threading.current_thread().name}{suffix}")
+
+
+def test_an_async_create_is_awaited_on_the_shared_loop_with_checked_options() -> None:
+    backend = ab.create_backend(f"{__name__}:AsyncBuilt", suffix="!")
+    assert isinstance(backend, AsyncBuilt) and backend.via == "create on asyncbackends-loop!"
+    with pytest.raises(ab.InvalidRequestError, match="'sufix' \\(did you mean 'suffix'\\?\\)"):
+        ab.create_backend(f"{__name__}:AsyncBuilt", sufix="!")
+
+
+def test_not_found_messages_name_what_is_missing() -> None:
+    with pytest.raises(ab.BackendNotFoundError) as info:
+        ab.create_backend("zzzz-no-such-backend")
+    assert str(info.value).endswith(f"(available: {', '.join(ab.available_backends())})")
+    with pytest.raises(ab.BackendNotFoundError) as info:
+        ab.create_backend("asyncbackends.adapters.mock:Nope")
+    assert str(info.value) == (
+        "backend 'asyncbackends.adapters.mock:Nope': 'asyncbackends.adapters.mock' has no attribute 'Nope'"
+    )
