@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib
 import math
+import random
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,10 @@ def test_a_refused_value_is_named_in_the_message() -> None:
         with pytest.raises(ab.InvalidRequestError) as info:
             build()
         assert str(info.value) == message
+
+
+def test_jitter_draws_from_the_generator_given() -> None:
+    policy = ab.RetryPolicy(initial_delay=1, max_delay=100)
+    error = ab.BackendError("x")
+    draws = [policy.delay(5, error, random.Random(7)) for _ in range(2)]
+    assert draws[0] == draws[1] == random.Random(7).uniform(0, 16)
