@@ -217,3 +217,10 @@ def test_jitter_draws_from_the_generator_given() -> None:
     error = ab.BackendError("x")
     draws = [policy.delay(5, error, random.Random(7)) for _ in range(2)]
     assert draws[0] == draws[1] == random.Random(7).uniform(0, 16)
+
+
+def test_a_valid_name_inside_the_unknown_one_is_suggested() -> None:
+    # Edit distance alone finds nothing close to these.
+    for unknown, suggested in (("response_cache", "cache"), ("per_request_timeout", "timeout")):
+        with pytest.raises(ab.InvalidRequestError, match=f"did you mean '{suggested}'"):
+            refuse_unknown_options({unknown: 1})
