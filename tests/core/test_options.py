@@ -15,6 +15,7 @@ import pytest
 
 import asyncbackends as ab
 import asyncbackends._run as run_module
+from asyncbackends._limits import estimated_tokens
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.options import OPTION_NAMES, RunOptions, refuse_unknown_options
 
@@ -224,3 +225,15 @@ def test_a_valid_name_inside_the_unknown_one_is_suggested() -> None:
     for unknown, suggested in (("response_cache", "cache"), ("per_request_timeout", "timeout")):
         with pytest.raises(ab.InvalidRequestError, match=f"did you mean '{suggested}'"):
             refuse_unknown_options({unknown: 1})
+
+
+def test_the_token_estimate_a_rate_limit_charges() -> None:
+    # RateLimit's documented estimate: token ids count one each, text four characters a token, plus
+    # max_tokens * n; a scoring request is its text's size plus one.
+    params = ab.SamplingParams(max_tokens=10, n=3, temperature=1.0)
+    chat = [{"role": "user", "content": "abcd"}, {"role": "assistant", "content": "efghijkl"}]
+    assert estimated_tokens(ab.GenerationRequest("abcdefgh", params)) == 2 + 30
+    assert estimated_tokens(ab.GenerationRequest([1, 2, 3], params)) == 3 + 30
+    assert estimated_tokens(ab.GenerationRequest(chat, params)) == 3 + 30
+    assert estimated_tokens(ab.LoglikelihoodRequest("abcdef", "gh")) == 3
+    assert estimated_tokens(ab.RollingLoglikelihoodRequest("abcdefgh")) == 3

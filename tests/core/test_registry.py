@@ -51,8 +51,11 @@ def test_entry_point_adapter_is_discovered_without_import(installed_distribution
     sys.modules.pop("upper_adapter", None)
 
 
-def test_entry_point_never_shadows_a_builtin(installed_distribution: Path) -> None:
+def test_entry_point_never_shadows_a_builtin(
+    installed_distribution: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert ab.available_backends()["mock"] == "asyncbackends.adapters.mock:MockBackend"
+    assert "entry point 'mock' (upper_adapter:Upper) ignored: the name is already taken" in caplog.messages
 
 
 def test_register_backend_clashes_are_explicit() -> None:
