@@ -8,14 +8,16 @@ import importlib
 import math
 import random
 import sqlite3
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import asyncbackends as ab
+import asyncbackends._limits as limits_module
 import asyncbackends._run as run_module
-from asyncbackends._limits import estimated_tokens
+from asyncbackends._limits import TokenBucket, estimated_tokens
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.options import OPTION_NAMES, RunOptions, refuse_unknown_options
 
@@ -237,3 +239,24 @@ def test_the_token_estimate_a_rate_limit_charges() -> None:
     assert estimated_tokens(ab.GenerationRequest(chat, params)) == 3 + 30
     assert estimated_tokens(ab.LoglikelihoodRequest("abcdef", "gh")) == 3
     assert estimated_tokens(ab.RollingLoglikelihoodRequest("abcdefgh")) == 3
+
+
+def test_a_rate_limit_bucket_sleeps_just_until_it_holds_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [128.0]  # binary fractions throughout, so the arithmetic is exact
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    async def main() -> None:
+        bucket = TokenBucket(rate_per_s=8, capacity=1)
+        monkeypatch.setattr(limits_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+        monkeypatch.setattr(limits_module, "asyncio", types.SimpleNamespace(sleep=sleep))
+        bucket.stamp = now[0]
+        await bucket.take(1)  # the bucket starts full
+        now[0] += 0.0625  # half a token back
+        await bucket.take(1)
+
+    asyncio.run(main())
+    assert slept == [0.0625]  # the other half, no more
