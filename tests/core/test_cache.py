@@ -242,3 +242,115 @@ def test_numpy_like_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
 def test_results_that_could_not_round_trip_are_refused_when_built(build: Any) -> None:
     with pytest.raises(ab.InvalidRequestError):
         build()
+
+
+# Edges of the cache's storage format and reports (found by mutation testing).
+
+
+class NumpyLikeInt:
+    """Like numpy.int64: an index and a float, not an int."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class NumpyLikeFloat:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def test_numpy_like_scalars_in_tuples_are_stored_as_json_numbers(tmp_path: Path) -> None:
+    # A tuple is taken as given (the types do not copy it), so the cache converts each scalar when it writes.
+    completion = ab.Completion(
+        "a",
+        token_ids=(NumpyLikeInt(3), NumpyLikeInt(4)),  # type: ignore[arg-type]
+        logprobs=(NumpyLikeFloat(-0.5),),  # type: ignore[arg-type]
+    )
+    result = ab.GenerationResult("r", (completion,))
+    request = ab.GenerationRequest("x", request_id="r")
+    cache = ab.ResponseCache(tmp_path / "n.sqlite")
+    backend = ab.create_backend("mock")
+    try:
+        cache.put(backend, request, result)
+        (value,) = cache._db.execute("SELECT value FROM results").fetchone()
+        assert '"token_ids":[3,4]' in value and '"logprobs":[-0.5]' in value
+        back = cache.get(backend, request)
+        assert back is not None and back.completions[0].token_ids == (3, 4)
+        assert back.completions[0].logprobs == (-0.5,)
+
+        odd = ab.Completion("a", token_ids=(object(),))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^object is not JSON serialisable$"):
+            cache.put(backend, request, ab.GenerationResult("r", (odd,)))
+    finally:
+        cache.close()
+
+
+def test_repr_and_stats_name_the_file(tmp_path: Path, make_mock: Any) -> None:
+    path = tmp_path / "c.sqlite"
+    cache = ab.ResponseCache(path)
+    try:
+        ab.run_batch(make_mock(), [ab.GenerationRequest("x")], cache=cache)
+        assert repr(cache) == f"ResponseCache({str(path)!r})"
+        stats = cache.stats()
+        assert stats["path"] == str(path)
+        assert stats["bytes"] == path.stat().st_size > 0
+    finally:
+        cache.close()
+
+
+def test_an_entry_of_an_unknown_kind_is_a_miss_that_names_the_kind(tmp_path: Path, make_mock: Any) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    backend = make_mock()
+    request = ab.GenerationRequest("x")
+    try:
+        cache._db.execute(
+            "INSERT INTO results (key, kind, backend, value) VALUES (?, 'Bogus', 'mock', '{}')",
+            (cache.key(backend, request),),
+        )
+        with pytest.warns(CacheReadWarning, match="ValueError: unknown result kind 'Bogus'"):
+            assert ab.run_batch(backend, [request], cache=cache)[0].text == "x"
+    finally:
+        cache.close()
+
+
+class Fingerprinted(ab.BaseBackend):
+    name = "fingerprinted"
+
+    def __init__(self, fingerprint: dict[str, str]) -> None:
+        self.fingerprint = fingerprint
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        return ab.GenerationResult(request.request_id, (ab.Completion("x"),))
+
+
+def test_equal_fingerprints_in_any_order_share_a_key(tmp_path: Path) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    request = ab.GenerationRequest("x")
+    one = Fingerprinted({"name": "m", "model": "tiny"})
+    other = Fingerprinted({"model": "tiny", "name": "m"})
+    try:
+        assert cache.key(one, request) == cache.key(other, request)
+        assert cache.key(one, request) != cache.key(Fingerprinted({"name": "m", "model": "big"}), request)
+    finally:
+        cache.close()

@@ -117,3 +117,61 @@ def test_waiting_for_slot_pauses_only_a_timed_attempt() -> None:
             pass
 
     asyncio.run(outside_a_run())
+
+
+class WaitsThenHolds(ab.BaseBackend):
+    """Part 0 waits for a slot that never frees; once it waits, part 1 takes another slot and stalls."""
+
+    name = "waits-then-holds"
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        never, free = asyncio.Semaphore(0), asyncio.Semaphore(1)
+        first_waiting = asyncio.Event()
+
+        async def waiter() -> None:
+            async with waiting_for_slot():
+                first_waiting.set()
+                await never.acquire()
+
+        async def holder() -> None:
+            await first_waiting.wait()
+            async with held_slot(free):
+                await asyncio.sleep(5)  # stalls while holding: its time is timed
+
+        await asyncio.gather(waiter(), holder())
+        raise AssertionError("unreachable")
+
+
+def test_a_part_taking_a_slot_while_another_waits_restarts_the_clock() -> None:
+    outcomes = ab.run_batch(
+        WaitsThenHolds(),
+        requests(1),
+        timeout=0.2,
+        retry=ab.RetryPolicy(max_attempts=1),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+
+
+class OneHangs(ab.BaseBackend):
+    name = "one-hangs"
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        if request.request_id == "p0":
+            await asyncio.sleep(5)
+        return ab.GenerationResult(request.request_id, (ab.Completion("ok"),))
+
+
+def test_a_worker_still_waiting_for_the_rate_limit_does_not_stop_the_deadlines() -> None:
+    # One request a second: p1's worker waits a second for its turn, untimed, while p0 must time out.
+    outcomes = ab.run_batch(
+        OneHangs(),
+        requests(2),
+        concurrency=2,
+        timeout=0.2,
+        rate_limit=ab.RateLimit(requests_per_second=1),
+        retry=ab.RetryPolicy(max_attempts=1),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+    assert isinstance(outcomes[1], ab.GenerationResult)

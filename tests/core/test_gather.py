@@ -439,3 +439,80 @@ class Slotted:
 
     async def aclose(self) -> None:
         return None
+
+
+# gather and as_completed apply every option they take (found by mutation testing: dropping one passed).
+
+
+async def via_as_completed(backend: Any, batch: list[ab.GenerationRequest], **options: Any) -> list[Any]:
+    found = dict([item async for item in ab.as_completed(backend, batch, **options)])
+    return [found[index] for index in sorted(found)]
+
+
+ENTRY_POINTS = {"gather": ab.gather, "as_completed": via_as_completed}
+
+
+@pytest.fixture(params=sorted(ENTRY_POINTS))
+def entry(request: pytest.FixtureRequest) -> Any:
+    """Run a batch through one async entry point from a foreign loop; returns outcomes in input order."""
+    send = ENTRY_POINTS[request.param]
+    return lambda backend, batch, **options: asyncio.run(send(backend, batch, **options))
+
+
+class Slow(ab.BaseBackend):
+    """Answers after five seconds, far beyond the tests' per-attempt timeout."""
+
+    name = "slow"
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        await asyncio.sleep(5)
+        return ab.GenerationResult(request.request_id, (ab.Completion("late"),))
+
+
+def test_entry_points_apply_the_retry_policy(entry: Any, make_mock: Any) -> None:
+    flaky = make_mock(fail_attempts=1, failure="unavailable")
+    outcomes = entry(flaky, requests(2), retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True)
+    assert all(isinstance(o, ab.BackendUnavailableError) for o in outcomes)  # not retried
+    assert all(flaky.attempts[f"p{i}"] == 1 for i in range(2))
+
+
+def test_entry_points_raise_the_first_error_unless_asked_to_return_it(entry: Any, make_mock: Any) -> None:
+    with pytest.raises(ab.RequestRejectedError):
+        entry(make_mock(fail_attempts=1, failure="rejected"), requests(2))
+
+
+def test_entry_points_apply_the_per_attempt_timeout(entry: Any) -> None:
+    once = ab.RetryPolicy(max_attempts=1)
+    outcomes = entry(Slow(), requests(1), timeout=0.05, retry=once, return_exceptions=True)
+    assert isinstance(outcomes[0], ab.BackendTimeoutError)
+
+
+def test_entry_points_apply_the_rate_limit(entry: Any, make_mock: Any) -> None:
+    # A bucket of 10 requests a second starts full: the 11th and 12th requests wait 0.1 and 0.2 s for it.
+    start = time.perf_counter()
+    outcomes = entry(make_mock(), requests(12), rate_limit=ab.RateLimit(requests_per_second=10))
+    assert time.perf_counter() - start >= 0.15
+    assert [o.text for o in outcomes] == [f"p{i}" for i in range(12)]
+
+
+def test_entry_points_apply_callbacks_metrics_and_cache(entry: Any, make_mock: Any, tmp_path: Any) -> None:
+    done: list[ab.RequestDone] = []
+    metrics = ab.RunMetrics()
+    batch = requests(3)
+    callbacks = ab.RunCallbacks(on_request_done=done.append)
+    entry(make_mock(), batch, callbacks=callbacks, metrics=metrics, cache=tmp_path / "c.sqlite")
+    assert sorted(event.index for event in done) == [0, 1, 2]
+    assert metrics.successes == 3
+    again = make_mock()
+    entry(again, batch, cache=tmp_path / "c.sqlite")
+    assert again.completed == 0  # every answer came from the cache
+
+
+def test_entry_points_show_a_bar_only_when_asked(
+    entry: Any, make_mock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = make_mock()
+    entry(backend, requests(3))
+    assert "req" not in capsys.readouterr().err
+    entry(backend, requests(3), progress="labelled")
+    assert "labelled" in capsys.readouterr().err

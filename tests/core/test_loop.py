@@ -7,10 +7,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
+from typing import Any
 
 import pytest
 
 import asyncbackends as ab
+import asyncbackends.loop as loop_module
 
 
 async def _loop_and_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
@@ -230,3 +233,137 @@ def test_process_exits_cleanly_with_a_live_loop() -> None:
     script = "import asyncbackends as ab; b = ab.create_backend('mock'); print(ab.run_batch(b, [ab.GenerationRequest('x')])[0].text)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "x" and done.stderr == ""
+
+
+# Edges of the manager's lifetime (found by mutation testing): each test builds its own LoopManager.
+
+
+def test_the_loop_runs_in_a_named_daemon_thread() -> None:
+    manager = ab.LoopManager()
+    try:
+        _, thread = manager.run(_loop_and_thread())
+        assert thread.name == "asyncbackends-loop" and thread.daemon
+    finally:
+        manager.shutdown()
+
+
+def test_uvloop_is_used_when_installed_unless_opted_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[asyncio.AbstractEventLoop] = []
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        made.append(asyncio.new_event_loop())
+        return made[-1]
+
+    fake = types.ModuleType("uvloop")
+    fake.new_event_loop = new_event_loop  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "uvloop", fake)
+    monkeypatch.delenv("ASYNCBACKENDS_UVLOOP", raising=False)
+    default = loop_module._new_event_loop()
+    monkeypatch.setenv("ASYNCBACKENDS_UVLOOP", "1")
+    opted_in = loop_module._new_event_loop()
+    monkeypatch.setenv("ASYNCBACKENDS_UVLOOP", "0")
+    opted_out = loop_module._new_event_loop()
+    try:
+        assert made == [default, opted_in]
+        assert opted_out not in made
+    finally:
+        for loop in (default, opted_in, opted_out):
+            loop.close()
+
+
+def test_shutdown_from_the_loops_own_thread_stops_the_loop() -> None:
+    manager = ab.LoopManager()
+    _, thread = manager.run(_loop_and_thread())
+
+    async def shut_down_here() -> None:
+        manager.shutdown()
+
+    manager.submit(shut_down_here())
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_shutdown_waits_for_cancelled_work_to_clean_up_and_closes_async_generators() -> None:
+    manager = ab.LoopManager()
+    started = threading.Event()
+    cleaned: list[str] = []
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # a clean-up that takes a while (aborting an engine request)
+            cleaned.append("task")
+
+    async def generator() -> Any:
+        try:
+            yield 1
+            yield 2
+        finally:
+            cleaned.append("generator")
+
+    suspended = generator()
+
+    async def first() -> Any:
+        return await suspended.__anext__()  # first iterated on the loop's thread: the loop tracks it
+
+    assert manager.run(first()) == 1  # and leaves it suspended
+    manager.submit(work())
+    started.wait(30)
+    manager.shutdown()
+    assert sorted(cleaned) == ["generator", "task"]
+
+
+def test_an_unusable_manager_says_why() -> None:
+    async def noop() -> None:
+        return None
+
+    stopped = ab.LoopManager()
+    stopped.shutdown()
+    with pytest.raises(ab.LoopError) as info:
+        stopped.run(noop())
+    assert str(info.value) == "the loop manager was shut down; get_loop_manager() returns a fresh one"
+
+    inherited = ab.LoopManager()
+    inherited._pid = -1  # what a forked child sees: the manager of another process
+    with pytest.raises(ab.LoopError) as info:
+        inherited.run(noop())
+    assert str(info.value) == (
+        "this LoopManager belongs to the parent process; after fork call get_loop_manager() again"
+    )
+
+
+class SlowToCancel(ab.BaseBackend):
+    """Hangs; once cancelled, takes two seconds to clean up (an engine abort that is slow to answer)."""
+
+    name = "slow-to-cancel"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.cleaning = threading.Event()
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        self.entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cleaning.set()
+            await asyncio.sleep(2)
+            raise
+        raise AssertionError("unreachable")
+
+
+def test_a_caller_cancelled_again_while_waiting_for_clean_up_is_cancelled() -> None:
+    backend = SlowToCancel()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(ab.gather(backend, [ab.GenerationRequest("x")]))
+        await asyncio.to_thread(backend.entered.wait, 30)
+        task.cancel()  # arun now waits (bounded) for the clean-up on the shared loop ...
+        await asyncio.to_thread(backend.cleaning.wait, 30)
+        task.cancel()  # ... and the caller gives up on that wait too
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import math
+import random
 import sqlite3
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import asyncbackends as ab
+import asyncbackends._limits as limits_module
 import asyncbackends._run as run_module
+from asyncbackends._limits import TokenBucket, estimated_tokens
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.options import OPTION_NAMES, RunOptions, refuse_unknown_options
 
@@ -117,7 +122,8 @@ def test_run_options_are_frozen_and_exported() -> None:
     options = ab.RunOptions(concurrency=3, timeout=1)
     with pytest.raises(AttributeError):
         options.concurrency = 4  # type: ignore[misc]
-    assert ab.RetryPolicy is ab.gather.__globals__["RetryPolicy"]
+    # The module, not the function's __globals__: a wrapped gather (a mutation tester's) has others.
+    assert ab.RetryPolicy is importlib.import_module("asyncbackends.gather").RetryPolicy
     assert ab.DEFAULT_CONCURRENCY == 64
 
 
@@ -164,3 +170,93 @@ def test_a_cache_opened_for_a_run_is_closed_however_the_run_ends(
     with contextlib.closing(mine):
         ab.run_batch(make_mock(), requests(3), cache=mine)
         assert len(mine) == 3  # still open: readable after the run
+
+
+def test_the_edge_values_are_accepted() -> None:
+    # The smallest valid value of each option (found by mutation testing: a bound moved by one passed).
+    assert (
+        ab.RetryPolicy(max_attempts=1, initial_delay=0, max_delay=0, jitter=False).delay(
+            1, ab.BackendError("x")
+        )
+        == 0
+    )
+    assert ab.RateLimit(requests_per_second=1e-9, tokens_per_minute=1e-9).requests_per_second == 1e-9
+    options = RunOptions(
+        concurrency=1, timeout=1e-9, progress="label", cache="c.sqlite", return_exceptions=True
+    )
+    assert (options.concurrency, options.timeout, options.progress) == (1, 1e-9, "label")
+
+
+def test_a_refused_value_is_named_in_the_message() -> None:
+    cases: list[tuple[Any, str]] = [
+        (lambda: RunOptions(concurrency=0), "concurrency must be an int >= 1 or None, got 0"),
+        (lambda: RunOptions(timeout=-1), "timeout must be a finite number > 0 or None, got -1"),
+        (lambda: RunOptions(retry=3), "retry must be a RetryPolicy or None, got int"),  # type: ignore[arg-type]
+        (
+            lambda: RunOptions(cache=3),  # type: ignore[arg-type]
+            "cache must be a ResponseCache or str or PathLike or None, got int",
+        ),
+        (lambda: RunOptions(progress=1), "progress must be a bool or a str, got int"),  # type: ignore[arg-type]
+        (
+            lambda: RunOptions(return_exceptions="yes"),  # type: ignore[arg-type]
+            "return_exceptions must be a bool, got 'yes'",
+        ),
+        (lambda: ab.RetryPolicy(max_attempts=0), "max_attempts must be an int >= 1, got 0"),
+        (lambda: ab.RetryPolicy(max_delay=-1), "max_delay must be a finite number >= 0, got -1"),
+        (lambda: ab.RetryPolicy(jitter=1), "jitter must be a bool, got 1"),  # type: ignore[arg-type]
+        (
+            lambda: ab.RateLimit(tokens_per_minute=0),
+            "tokens_per_minute must be a finite number > 0 or None, got 0",
+        ),
+    ]
+    for build, message in cases:
+        with pytest.raises(ab.InvalidRequestError) as info:
+            build()
+        assert str(info.value) == message
+
+
+def test_jitter_draws_from_the_generator_given() -> None:
+    policy = ab.RetryPolicy(initial_delay=1, max_delay=100)
+    error = ab.BackendError("x")
+    draws = [policy.delay(5, error, random.Random(7)) for _ in range(2)]
+    assert draws[0] == draws[1] == random.Random(7).uniform(0, 16)
+
+
+def test_a_valid_name_inside_the_unknown_one_is_suggested() -> None:
+    # Edit distance alone finds nothing close to these.
+    for unknown, suggested in (("response_cache", "cache"), ("per_request_timeout", "timeout")):
+        with pytest.raises(ab.InvalidRequestError, match=f"did you mean '{suggested}'"):
+            refuse_unknown_options({unknown: 1})
+
+
+def test_the_token_estimate_a_rate_limit_charges() -> None:
+    # RateLimit's documented estimate: token ids count one each, text four characters a token, plus
+    # max_tokens * n; a scoring request is its text's size plus one.
+    params = ab.SamplingParams(max_tokens=10, n=3, temperature=1.0)
+    chat = [{"role": "user", "content": "abcd"}, {"role": "assistant", "content": "efghijkl"}]
+    assert estimated_tokens(ab.GenerationRequest("abcdefgh", params)) == 2 + 30
+    assert estimated_tokens(ab.GenerationRequest([1, 2, 3], params)) == 3 + 30
+    assert estimated_tokens(ab.GenerationRequest(chat, params)) == 3 + 30
+    assert estimated_tokens(ab.LoglikelihoodRequest("abcdef", "gh")) == 3
+    assert estimated_tokens(ab.RollingLoglikelihoodRequest("abcdefgh")) == 3
+
+
+def test_a_rate_limit_bucket_sleeps_just_until_it_holds_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [128.0]  # binary fractions throughout, so the arithmetic is exact
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    async def main() -> None:
+        bucket = TokenBucket(rate_per_s=8, capacity=1)
+        monkeypatch.setattr(limits_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+        monkeypatch.setattr(limits_module, "asyncio", types.SimpleNamespace(sleep=sleep))
+        bucket.stamp = now[0]
+        await bucket.take(1)  # the bucket starts full
+        now[0] += 0.0625  # half a token back
+        await bucket.take(1)
+
+    asyncio.run(main())
+    assert slept == [0.0625]  # the other half, no more

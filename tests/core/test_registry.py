@@ -4,6 +4,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,11 @@ def test_entry_point_adapter_is_discovered_without_import(installed_distribution
     sys.modules.pop("upper_adapter", None)
 
 
-def test_entry_point_never_shadows_a_builtin(installed_distribution: Path) -> None:
+def test_entry_point_never_shadows_a_builtin(
+    installed_distribution: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert ab.available_backends()["mock"] == "asyncbackends.adapters.mock:MockBackend"
+    assert "entry point 'mock' (upper_adapter:Upper) ignored: the name is already taken" in caplog.messages
 
 
 def test_register_backend_clashes_are_explicit() -> None:
@@ -136,3 +140,52 @@ def test_each_adapter_extra_installs_what_the_registry_requires() -> None:
     core = names(project["dependencies"])
     assert "anyio" not in core and "aiohttp" not in core and "huggingface_hub" not in core
     assert {"pytest", "jsonschema", "aiohttp"} <= names(extras["testing"])
+
+
+def test_a_new_name_registers_without_replace_and_then_clashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_registered", {})
+    ab.register_backend("echo-fresh", "asyncbackends.adapters.mock:MockBackend")
+    assert ab.available_backends()["echo-fresh"] == "asyncbackends.adapters.mock:MockBackend"
+    with pytest.raises(ab.InvalidRequestError) as info:
+        ab.register_backend("echo-fresh", "elsewhere:Other")
+    assert str(info.value) == (
+        "a backend named 'echo-fresh' is already registered (asyncbackends.adapters.mock:MockBackend); "
+        "pass replace=True to replace it"
+    )
+    for target in ("no_colon_here", ":Class", "module:"):
+        with pytest.raises(
+            ab.InvalidRequestError, match=r"^target must look like 'package\.module:Class', got"
+        ):
+            ab.register_backend("other", target)
+    assert "other" not in ab.available_backends()
+
+
+class AsyncBuilt(ab.BaseBackend):
+    """Built by an async ``create`` classmethod, which says where it ran."""
+
+    name = "async-built"
+
+    def __init__(self, via: str) -> None:
+        self.via = via
+
+    @classmethod
+    async def create(cls, suffix: str = "") -> AsyncBuilt:
+        return cls(f"create on {threading.current_thread().name}{suffix}")
+
+
+def test_an_async_create_is_awaited_on_the_shared_loop_with_checked_options() -> None:
+    backend = ab.create_backend(f"{__name__}:AsyncBuilt", suffix="!")
+    assert isinstance(backend, AsyncBuilt) and backend.via == "create on asyncbackends-loop!"
+    with pytest.raises(ab.InvalidRequestError, match="'sufix' \\(did you mean 'suffix'\\?\\)"):
+        ab.create_backend(f"{__name__}:AsyncBuilt", sufix="!")
+
+
+def test_not_found_messages_name_what_is_missing() -> None:
+    with pytest.raises(ab.BackendNotFoundError) as info:
+        ab.create_backend("zzzz-no-such-backend")
+    assert str(info.value).endswith(f"(available: {', '.join(ab.available_backends())})")
+    with pytest.raises(ab.BackendNotFoundError) as info:
+        ab.create_backend("asyncbackends.adapters.mock:Nope")
+    assert str(info.value) == (
+        "backend 'asyncbackends.adapters.mock:Nope': 'asyncbackends.adapters.mock' has no attribute 'Nope'"
+    )
