@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,19 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends.adapters.mock import MockBackend
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let SIGINT reach the processes the Ctrl-C tests start, however the suite itself was started.
+
+    A suite started as a shell's background job (``make test &``, ``nohup``, a CI runner's script) inherits
+    SIGINT ignored, and so does every process it spawns: an ignored signal survives ``exec`` where a handled
+    one is reset to the default. Python then installs no KeyboardInterrupt handler in those children and the
+    Ctrl-C tests' SIGINT does nothing (seen: the CLI ran to its end and exited 0 instead of 130). Handling it
+    here, as an interactive run does, gives every child the default again.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
