@@ -279,10 +279,14 @@ class Run:
                     watched.rate_waited(time.perf_counter() - waiting)
             error: BackendError
             try:
+                # Without a timeout or an observer an attempt is the adapter's call itself: one coroutine
+                # fewer per request in flight (thousands of them tip the collector into full collections).
                 result: Result = await (
-                    self.attempt(method, request, slot, attempt)
-                    if watched is None
-                    else self.observed_attempt(watched, method, request, slot, attempt)
+                    self.observed_attempt(watched, method, request, slot, attempt)
+                    if watched is not None
+                    else method(request)
+                    if self.timeout is None
+                    else self.attempt(method, request, slot, attempt)
                 )
             except InvalidRequestError as exc:
                 return exc

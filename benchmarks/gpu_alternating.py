@@ -124,6 +124,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--tag", default="")
+    parser.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="disable Python's collector during each timed run (both paths): is the gap the collector?",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     build_model(args.model_dir)
@@ -202,7 +207,12 @@ def main() -> None:
             for name in order:
                 gc.collect()
                 before = _cpu(engine_pids[name]), time.process_time(), gc_time(), _gc_counts()
-                took, tokens = paths[name](sets[index], kind)
+                if args.gc_off:
+                    gc.disable()
+                try:
+                    took, tokens = paths[name](sets[index], kind)
+                finally:
+                    gc.enable()
                 after = _cpu(engine_pids[name]), time.process_time(), gc_time(), _gc_counts()
                 row[name] = {
                     "seconds": took,

@@ -2,11 +2,10 @@
 
 The engine lives on the shared loop: `create` (through `create_backend`) builds it in a thread of its own and
 starts its loop-bound tasks on the shared loop (`_vllm_engine`), and every request runs there, because
-``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends
-exactly one engine request (a rolling loglikelihood sends one per window) and drains its generator inside
-``contextlib.aclosing`` with ``RequestOutputKind.FINAL_ONLY``, so a cancelled or abandoned call aborts its
-engine request instead of leaving it running. Requests and results are translated to and from vLLM's types
-in `_vllm_requests`; this module holds the engine's lifetime and the request path.
+``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends exactly one engine
+request (a rolling loglikelihood sends one per window) with ``RequestOutputKind.FINAL_ONLY`` and waits for its
+final output; a cancelled or failed call aborts its engine request instead of leaving it running. Requests
+and results are translated in `_vllm_requests`; this module holds the engine's lifetime and the request path.
 
 Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
 several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
@@ -58,6 +57,7 @@ if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.engine.output_processor import RequestOutputCollector
 
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
@@ -240,33 +240,31 @@ class VLLMBackend(BaseBackend):
     async def _run(
         self, prompt_ids: list[int], params: VLLMSamplingParams, request_id: str | None
     ) -> RequestOutput:
-        """Send one engine request, drain it, and translate engine errors to ours."""
+        """Send one engine request, wait for its final output, and translate engine errors to ours."""
         engine = self.engine  # raises BackendClosedError after aclose
         final: RequestOutput | None = None
+        collector: RequestOutputCollector | None = None
         try:
             prompt = engine_input(engine, prompt_ids)
-            # aclosing: leaving early (cancellation) closes the generator, which aborts the engine request.
-            stream = engine.generate(prompt, params, f"ab-{uuid.uuid4().hex}")
-            async with contextlib.aclosing(stream):
-                async for output in stream:
-                    final = output
-        except asyncio.CancelledError:
-            raise
+            # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
+            # wrapper, its awaitable and the loop's weak reference to it were six objects per request in
+            # flight, and thousands of them tipped the collector into full collections (docs/benchmarks.md).
+            collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
+            while final is None:
+                output: Any = collector.get_nowait() or await collector.get()
+                final = output if output.finished else None  # FINAL_ONLY: one output, all its completions
         except EngineDeadError as exc:
             raise self._dead(exc, request_id) from exc
-        except GracefulHTTPError as exc:  # the engine's queue limits (max_num_queued_reqs): slow down
-            raise RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id) from exc
-        except VLLMClientError as exc:  # validation: prompt too long, token id out of vocabulary...
-            raise RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id) from exc
-        except Exception as exc:
-            if self._closed or (self._engine is not None and self._engine.errored):
-                raise self._dead(exc, request_id) from exc
-            raise BackendError(
-                f"vllm: {type(exc).__name__}: {exc}",
-                backend=self.name,
-                request_id=request_id,
-                retryable=False,
-            ) from exc
+        except BaseException as exc:
+            if collector is not None:
+                # Cancelled or failed mid-way: the engine must not go on serving the request.
+                await self._abort(engine, collector.request_id)
+            if isinstance(exc, Exception):
+                raise self._translate(exc, request_id) from exc
+            raise
+        finally:
+            if collector is not None:
+                collector.close()  # type: ignore[no-untyped-call]
         if self._closed:
             # aclose() aborted the engine's requests: what the engine hands back is an aborted fragment, not
             # a result (closed is closed).
@@ -274,6 +272,22 @@ class VLLMBackend(BaseBackend):
         if final is None or not final.finished:
             raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
         return final
+
+    def _translate(self, exc: Exception, request_id: str | None) -> BackendError:
+        if isinstance(exc, GracefulHTTPError):  # the engine's queue limits (max_num_queued_reqs): slow down
+            return RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+        if isinstance(exc, VLLMClientError):  # validation: prompt too long, token id out of vocabulary...
+            return RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+        if self._closed or (self._engine is not None and self._engine.errored):
+            return self._dead(exc, request_id)
+        return BackendError(
+            f"vllm: {type(exc).__name__}: {exc}", backend=self.name, request_id=request_id, retryable=False
+        )
+
+    @staticmethod
+    async def _abort(engine: AsyncLLM, internal_id: str) -> None:
+        with contextlib.suppress(Exception):  # a failed abort (engine died) must not hide why we ended
+            await engine.abort(internal_id, internal=True)
 
     def _dead(self, exc: BaseException, request_id: str | None) -> BackendError:
         if self._closed:

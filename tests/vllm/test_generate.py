@@ -197,9 +197,11 @@ def test_cancelling_a_gather_aborts_engine_requests(backend: Any) -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(ab.gather(backend, requests))
-        await asyncio.sleep(1.5)
+        # Cancel once the engine holds every request (state, not a guess: on a quiet machine the tiny model
+        # finishes all 24 in about 1.4 s).
+        while _unfinished(backend) < len(requests) and not task.done():  # noqa: ASYNC110 (no event to await)
+            await asyncio.sleep(0.005)
         assert not task.done(), "the long generations finished before they could be cancelled"
-        assert _unfinished(backend) > 0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -214,6 +216,34 @@ def test_cancelling_a_gather_aborts_engine_requests(backend: Any) -> None:
         backend, [ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=3))], timeout=30
     )
     assert len(after.completions[0].token_ids) >= 1
+
+
+def test_equal_sampling_params_share_one_engine_object_which_requests_leave_unchanged(backend: Any) -> None:
+    from asyncbackends.adapters._vllm_requests import vllm_sampling
+
+    def params(max_tokens: int = 5) -> ab.SamplingParams:
+        return ab.SamplingParams(max_tokens=max_tokens, temperature=0.8, top_k=5, stop=("zz",), seed=3)
+
+    shared = vllm_sampling(params())
+    assert vllm_sampling(params()) is shared  # equal parameters, distinct objects: one engine object
+    assert vllm_sampling(params(6)) is not shared
+    assert (shared.max_tokens, shared.temperature, shared.top_k, shared.stop, shared.seed) == (
+        5,
+        0.8,
+        5,
+        ["zz"],
+        3,
+    )
+    with_schema = ab.SamplingParams(json_schema={"type": "object"})
+    assert vllm_sampling(with_schema) is not vllm_sampling(with_schema)  # a dict the caller may change
+    before = repr(shared)
+    requests = [ab.GenerationRequest(f"Once upon a time {i}", params()) for i in range(6)]
+    first = ab.run_batch(backend, requests)
+    second = ab.run_batch(backend, requests)
+    assert repr(shared) == before  # the engine copied it before setting anything of a request's own
+    # Seeded samples repeat run after run: no request's state travelled through the shared object.
+    assert [r.completions[0].token_ids for r in first] == [r.completions[0].token_ids for r in second]
+    assert len({r.completions[0].token_ids for r in first}) > 1
 
 
 def test_fingerprint_names_the_model_and_settings(backend: Any, tiny_model: str) -> None:
