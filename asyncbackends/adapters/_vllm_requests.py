@@ -32,8 +32,7 @@ def vllm_sampling(params: SamplingParams) -> VLLMSamplingParams:
 
     Sharing is safe: vLLM copies a request's parameters before it changes them (its offline ``generate``
     hands one object to every prompt). It saves five objects per request that would otherwise live as long
-    as the request, which in a run of thousands of requests is what tips the collector into a full,
-    heap-wide collection (half a second on a GPU host; see docs/benchmarks.md).
+    as the request and be promoted to the collector's oldest generation (see docs/benchmarks.md).
 
     Raises:
         InvalidRequestError: vLLM refuses them.

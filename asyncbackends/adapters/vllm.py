@@ -242,17 +242,16 @@ class VLLMBackend(BaseBackend):
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
         engine = self.engine  # raises BackendClosedError after aclose
-        final: RequestOutput | None = None
+        output: Any = None
         collector: RequestOutputCollector | None = None
         try:
             prompt = engine_input(engine, prompt_ids)
             # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
-            # wrapper, its awaitable and the loop's weak reference to it were six objects per request in
-            # flight, and thousands of them tipped the collector into full collections (docs/benchmarks.md).
+            # wrapper, its awaitable and the loop's weak reference to it were six more objects per request
+            # in flight, all promoted to the collector's oldest generation (docs/benchmarks.md).
             collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
-            while final is None:
-                output: Any = collector.get_nowait() or await collector.get()
-                final = output if output.finished else None  # FINAL_ONLY: one output, all its completions
+            while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
+                output = collector.get_nowait() or await collector.get()
         except EngineDeadError as exc:
             raise self._dead(exc, request_id) from exc
         except BaseException as exc:
@@ -269,8 +268,7 @@ class VLLMBackend(BaseBackend):
             # aclose() aborted the engine's requests: what the engine hands back is an aborted fragment, not
             # a result (closed is closed).
             raise self._dead(RuntimeError("closed"), request_id)
-        if final is None or not final.finished:
-            raise BackendError("vllm returned no final output", backend=self.name, request_id=request_id)
+        final: RequestOutput = output
         return final
 
     def _translate(self, exc: Exception, request_id: str | None) -> BackendError:
