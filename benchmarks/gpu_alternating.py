@@ -13,7 +13,10 @@ max_model_len, enforce_eager) plus ``gpu_memory_utilization`` (two engines share
 scheduler settings are read back from the running engines and reported. ``run_batch`` runs with its
 defaults. Run on the GPU machine:
 
-    python benchmarks/gpu_alternating.py --model-dir /tmp/synth-1b --mode eager --prompts tokens --rounds 8
+    python benchmarks/gpu_alternating.py --model-dir /tmp/synth-1b --mode eager --prompt-kind tokens --pin
+
+``--pin`` puts both engines' core processes on the same CPUs and the caller on the others, so where the OS
+placed each core process is no longer a difference between the paths (see ``pinning_plan``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,73 @@ def _gc_clock() -> Any:
     return lambda: spent[0]
 
 
+def _cpu_list(text: str) -> set[int]:
+    """Parse a kernel CPU list such as ``0-3,8``."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def pinning_plan(allowed: set[int]) -> dict[str, list[int]]:
+    """CPUs for the engines' core processes (the same ones for both) and for the caller's process.
+
+    The engine core's Python loop is the bottleneck on both paths (about one CPU second per second), so a
+    round's rate is the speed of the CPU its busy loop runs on: the core's CPU time per request, the same
+    work on both paths, varied by 2x between rounds of earlier calls. A core process that settles on a
+    slower or busier CPU for its whole life is a per-process difference between the paths that alternating
+    rounds cannot take out. So the busy loop of both cores (their main thread) gets one CPU, the cores'
+    other threads (sockets, copies) a second, each on a physical core of its own whose SMT siblings stay
+    idle, and the caller every other physical core. Only one path runs at a time, so the two cores never
+    share the CPU at once.
+    """
+    groups: dict[frozenset[int], None] = {}
+    for cpu in sorted(allowed):
+        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            siblings = frozenset(_cpu_list(path.read_text()) & allowed) or frozenset({cpu})
+        except OSError:
+            siblings = frozenset({cpu})
+        groups[siblings] = None
+    cores = list(groups)
+    if len(cores) < 3:
+        raise SystemExit(f"--pin needs at least 3 physical cores, found {len(cores)}")
+    return {
+        "engine_loop": [min(cores[-1])],
+        "engine_other": [min(cores[-2])],
+        "frontend": sorted(cpu for group in cores[:-2] for cpu in group),
+        "physical_cores": [sorted(group) for group in cores],
+    }
+
+
+def pin_process(pid: int, cpus: list[int], main_cpus: list[int] | None = None) -> int:
+    """Pin every thread of a process (``sched_setaffinity`` acts on one thread); returns how many.
+
+    With ``main_cpus``, the main thread (whose id is the process id) goes there and the others to ``cpus``.
+    Threads started later inherit the affinity of the thread that starts them.
+    """
+    pinned = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        tid = int(task)
+        try:
+            os.sched_setaffinity(tid, main_cpus if main_cpus is not None and tid == pid else cpus)
+            pinned += 1
+        except (ProcessLookupError, PermissionError):
+            continue  # a thread that ended meanwhile
+    return pinned
+
+
+def last_cpu(pid: int) -> int | None:
+    """The CPU a process's main thread last ran on (field 39 of /proc/PID/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[36])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True)
@@ -128,6 +198,11 @@ def main() -> None:
         "--gc-off",
         action="store_true",
         help="disable Python's collector during each timed run (both paths): is the gap the collector?",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="both engine cores on the same CPUs, the caller on others (pinning_plan says why)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +230,15 @@ def main() -> None:
     log(f"adapter engine ready in {time.perf_counter() - began:.1f}s")
     engine_pids = {"offline": sorted(offline_children), "adapter": sorted(_children() - offline_children)}
     log("engine processes", engine_pids)
+    pinning: dict[str, Any] = {}
+    if args.pin:
+        pinning = pinning_plan(os.sched_getaffinity(0))
+        threads = {"frontend": pin_process(os.getpid(), pinning["frontend"])}
+        for name, pids in engine_pids.items():
+            pinned = (pin_process(pid, pinning["engine_other"], pinning["engine_loop"]) for pid in pids)
+            threads[name] = sum(pinned)
+        pinning["threads_pinned"] = threads
+        log("pinned", pinning)
     tokenizer = llm.get_tokenizer()
     vocab = len(tokenizer)
     rounds = args.rounds + (args.rounds % 2)
@@ -196,6 +280,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "scheduler": {"offline": scheduler_of(llm), "adapter": scheduler_of(engine)},
+        "pinning": pinning,
         "rounds": [],
     }
     log("scheduler settings", report["scheduler"])
@@ -222,6 +307,9 @@ def main() -> None:
                     # and the engine's core process; GC: seconds collecting and collections by generation.
                     "frontend_cpu": (after[1] - before[1]) / took,
                     "engine_core_cpu": (after[0] - before[0]) / took,
+                    # The same work on both paths: CPU time per request is the speed of the CPU it ran on.
+                    "engine_core_ms_per_request": (after[0] - before[0]) / len(tokens) * 1000,
+                    "engine_main_thread_cpu": {pid: last_cpu(pid) for pid in engine_pids[name]},
                     "gc_seconds": after[2] - before[2],
                     "gc_collections": [a - b for a, b in zip(after[3], before[3], strict=True)],
                 }
@@ -233,6 +321,7 @@ def main() -> None:
             rates = ", ".join(f"{n} {row[n]['req_s']:.1f} req/s" for n in ("offline", "adapter"))
             cpu = " ".join(
                 f"{n} fe {row[n]['frontend_cpu']:.2f} core {row[n]['engine_core_cpu']:.2f} "
+                f"({row[n]['engine_core_ms_per_request']:.2f} ms/req) "
                 f"gc {row[n]['gc_seconds']:.2f}s"
                 for n in order
             )
