@@ -123,20 +123,17 @@ def main() -> None:
     engine = backend._engine  # type: ignore[attr-defined]  # read back and timed, not used to run
     clocks["adapter"].wrap_async(engine.engine_core)
 
-    def prompts_of(batch: list[list[int]]) -> list[Any]:
-        if args.prompt_kind == "text":
-            return [tokenizer.decode(p) for p in batch]
-        return batch
+    def as_text(batch: list[list[int]]) -> list[str]:
+        return [tokenizer.decode(p) for p in batch]
 
     def offline(batch: list[list[int]]) -> int:
-        inputs = prompts_of(batch)
-        if args.prompt_kind == "tokens":
-            inputs = [TokensPrompt(prompt_token_ids=p) for p in batch]
+        tokens = args.prompt_kind == "tokens"
+        inputs: list[Any] = [TokensPrompt(prompt_token_ids=p) for p in batch] if tokens else as_text(batch)
         outputs = llm.generate(inputs, greedy, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
     def adapter(batch: list[list[int]]) -> int:
-        inputs = [tuple(p) for p in batch] if args.prompt_kind == "tokens" else prompts_of(batch)
+        inputs: list[Any] = [tuple(p) for p in batch] if args.prompt_kind == "tokens" else as_text(batch)
         results = ab.run_batch(backend, [ab.GenerationRequest(p, params) for p in inputs])
         return sum(r.completion_tokens for r in results)
 
