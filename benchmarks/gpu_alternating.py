@@ -15,8 +15,9 @@ defaults. Run on the GPU machine:
 
     python benchmarks/gpu_alternating.py --model-dir /tmp/synth-1b --mode eager --prompt-kind tokens --pin
 
-``--pin`` puts both engines' core processes on the same CPUs and the caller on the others, so where the OS
-placed each core process is no longer a difference between the paths (see ``pinning_plan``).
+``--pin`` puts both engine cores' busy loops on one CPU, their other threads on a second and the caller on
+the rest, so that where the OS placed each core process is no longer a difference between the paths (see
+``pinning_plan``; on the H200 it did not narrow the spread: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--pin",
         action="store_true",
-        help="both engine cores on the same CPUs, the caller on others (pinning_plan says why)",
+        help="both engine cores' busy loops on one CPU, the caller on others (pinning_plan says why)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

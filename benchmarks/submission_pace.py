@@ -25,6 +25,8 @@ import time
 import warnings
 from typing import Any
 
+from gpu_alternating import scheduler_of
+
 
 class Clock:
     """Times of the calls a path makes to its engine-core client, since the round started."""
@@ -80,11 +82,6 @@ class Clock:
             "first_output_s": round(min(self.received), 4),
             "engine_steps": len(self.received),
         }
-
-
-def _scheduler(engine: Any) -> dict[str, int]:
-    config = engine.vllm_config.scheduler_config
-    return {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens}
 
 
 def _prompts(count: int, seed: int, vocab: int) -> list[list[int]]:
@@ -147,9 +144,8 @@ def main() -> None:
         order = ["offline", "adapter"] if index % 2 == 0 else ["adapter", "offline"]
         for name in order:
             clocks[name].reset()
-            start = time.perf_counter()
             tokens = paths[name](batch)
-            took = time.perf_counter() - start
+            took = time.perf_counter() - clocks[name].start
             row = {"round": index, "path": name, "tokens": tokens, **clocks[name].figures(took)}
             rows.append(row)
             print("RESULT " + json.dumps(row), flush=True)
@@ -161,7 +157,7 @@ def main() -> None:
             for key in ("all_sent_s", "all_sent_share", "first_output_s", "engine_steps", "seconds")
         }
     print("SUMMARY " + json.dumps(summary), flush=True)
-    print("SCHEDULER " + json.dumps({"offline": _scheduler(llm.llm_engine), "adapter": _scheduler(engine)}))
+    print("SCHEDULER " + json.dumps({"offline": scheduler_of(llm), "adapter": scheduler_of(engine)}))
     del engine  # the backend shuts its engine down; a reference left here would outlive the interpreter
     backend.close()  # type: ignore[attr-defined]
 
