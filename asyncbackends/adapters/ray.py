@@ -37,20 +37,12 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
-from ..loop import get_loop_manager
-from ..protocol import BaseBackend
-from ..types import (
-    Capabilities,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    RollingLoglikelihoodRequest,
-)
-from ..wrappers.router import Replica, ReplicaStats, Router
+from ..types import Capabilities, Request
+from ..wrappers._routed import RoutedBackend
+from ..wrappers.router import Replica, Router
 from ._ray_actor import ReplicaActor
 from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
-from ._ray_replica import ActorReplica, Started
+from ._ray_slot import ActorSlot, Started
 
 __all__ = ["RayBackend"]
 
@@ -62,7 +54,7 @@ _DEFAULT_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_concurrency": 10_0
 _DEFAULT_ROUTER_OPTIONS: dict[str, Any] = {"wait": 60.0, "probe_timeout": 600.0}
 
 
-class RayBackend(BaseBackend):
+class RayBackend(RoutedBackend):
     """Replicas of one backend as Ray actors. Build it with ``create_backend("ray", backend=..., ...)``.
 
     Args:
@@ -78,7 +70,7 @@ class RayBackend(BaseBackend):
 
     def __init__(
         self,
-        replicas: list[ActorReplica],
+        replicas: list[ActorSlot],
         *,
         cluster: Cluster,
         group: PlacementGroup | None,
@@ -96,6 +88,7 @@ class RayBackend(BaseBackend):
         self._router = Router(
             [Replica(slot, label=f"ray-{slot.index}", capacity=capacity) for slot in self._slots],
             routing=routing,
+            name=self.name,
             **{**_DEFAULT_ROUTER_OPTIONS, **(router_options or {})},
         )
         for slot in self._slots:
@@ -154,8 +147,8 @@ class RayBackend(BaseBackend):
         if not isinstance(backend, str) or not backend or backend == "ray":
             raise InvalidRequestError(f"backend must name the backend each replica hosts, got {backend!r}")
         try:  # refuse bad router options before anything starts
-            Router([object()], routing=routing, **(router_options or {}))
-        except TypeError as exc:
+            Router.check_options(routing, **(router_options or {}))
+        except InvalidRequestError as exc:
             raise InvalidRequestError(f"router_options: {exc}") from None
         hosted_options = dict(options or {})
         ray_options = {**_DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
@@ -166,7 +159,7 @@ class RayBackend(BaseBackend):
             group = await reserve(replicas, bundle_for(ray_options), strategy, placement_timeout)
             spawn = _spawner(group, ray_options, backend, hosted_options, start_timeout)
             started = await _start_all(spawn, replicas, progress)
-            slots = [ActorReplica(i, one, spawn=spawn) for i, one in enumerate(started)]
+            slots = [ActorSlot(i, one, spawn=spawn) for i, one in enumerate(started)]
             return cls(
                 slots,
                 cluster=cluster,
@@ -188,18 +181,9 @@ class RayBackend(BaseBackend):
         return dict(self._fingerprint)
 
     @property
-    def replicas(self) -> list[ActorReplica]:
+    def replicas(self) -> list[ActorSlot]:
         """The replica slots not dropped (a slot being restarted included)."""
         return [slot for slot in self._slots if not slot.dropped]
-
-    @property
-    def router(self) -> Router:
-        """The router (its replicas' state and figures)."""
-        return self._router
-
-    def replica_stats(self) -> list[ReplicaStats]:
-        """Each replica's figures as the router sees them: state, in flight, requests, failures."""
-        return self._router.stats()
 
     @property
     def replica_events(self) -> Counter[str]:
@@ -214,43 +198,18 @@ class RayBackend(BaseBackend):
 
     # -- requests --------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate on the replica the router picks."""
-        return await self._route("generate", request)  # type: ignore[no-any-return]
-
-    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score on the replica the router picks."""
-        return await self._route("loglikelihood", request)  # type: ignore[no-any-return]
-
-    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """Score a whole text on the replica the router picks."""
-        return await self._route("loglikelihood_rolling", request)  # type: ignore[no-any-return]
-
-    async def _route(self, method: str, request: Any) -> Any:
-        self._check_open(request.request_id)
+    async def _before_route(self, request: Request) -> None:
         if all(slot.dropped for slot in self._slots):
             raise BackendUnavailableError(
                 "every Ray replica was lost and dropped", backend="ray", request_id=request.request_id
             )
-        # The router's state lives on the shared loop, whichever loop the caller awaits from.
-        return await get_loop_manager().arun(self._router.call(method, request))
-
-    async def check_ready(self) -> None:
-        """Return while any replica is healthy (a Ray backend can be a replica of a pool too).
-
-        Raises:
-            BackendUnavailableError: No replica is healthy now.
-        """
-        self._check_open()
-        if not self._router.healthy():
-            raise BackendUnavailableError("no healthy Ray replica", backend=self.name)
 
     # -- losses ----------------------------------------------------------------------------------------
 
-    def _replica(self, slot: ActorReplica) -> Replica:
+    def _replica(self, slot: ActorSlot) -> Replica:
         return self._router.replicas[self._slots.index(slot)]
 
-    def _lost(self, slot: ActorReplica, exc: BaseException) -> None:
+    def _lost(self, slot: ActorSlot, exc: BaseException) -> None:
         self._events["lost"] += 1
         if self._closed:
             return
@@ -269,7 +228,7 @@ class RayBackend(BaseBackend):
             self._events["dropped"] += 1
             self._router.refuse(self._replica(slot), "lost; dropped (on_replica_loss='drop')")
 
-    def _restarted(self, slot: ActorReplica, error: BaseException | None) -> None:
+    def _restarted(self, slot: ActorSlot, error: BaseException | None) -> None:
         if error is not None:
             self._events["dropped"] += 1
             log.error("ray: replica %d could not be restarted (%s); dropped", slot.index, error)
@@ -282,11 +241,7 @@ class RayBackend(BaseBackend):
 
     # -- lifetime --------------------------------------------------------------------------------------
 
-    async def _aclose(self) -> None:
-        await get_loop_manager().arun(self._close_all())
-
-    async def _close_all(self) -> None:
-        await self._router.aclose()
+    async def _close_replicas(self) -> None:
         await asyncio.gather(*(slot.aclose() for slot in self._slots), return_exceptions=True)
         await release(self._group)
         self._group = None

@@ -43,23 +43,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..adapters._sampling import refuse_unsupported
-from ..errors import (
-    BackendClosedError,
-    BackendError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    RequestRejectedError,
-)
-from ..protocol import BaseBackend
-from ..types import (
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    Request,
-    RollingLoglikelihoodRequest,
-)
+from ..errors import InvalidRequestError
+from ..loop import get_loop_manager
+from ..types import Request
+from ._routed import RoutedBackend
 from .pool_replicas import (
     common_capabilities,
     load_replicas_file,
@@ -67,7 +54,7 @@ from .pool_replicas import (
     replica_model,
     static_identity,
 )
-from .replica import HEALTHY, Replica, ReplicaStats
+from .replica import Replica
 from .router import Router
 
 __all__ = ["PoolBackend", "load_replicas_file", "pool"]
@@ -75,7 +62,7 @@ __all__ = ["PoolBackend", "load_replicas_file", "pool"]
 _POOL_KEYS = ("capacity", "label")
 
 
-class PoolBackend(BaseBackend):
+class PoolBackend(RoutedBackend):
     """Replicas of one model behind one backend; build it with `pool` or ``create_backend("pool", ...)``.
 
     Args:
@@ -130,14 +117,11 @@ class PoolBackend(BaseBackend):
             seen.add(label)
             wrapped.append(Replica(backend, label=label, capacity=capacity))
         self.routing = routing
-        self._router = Router(wrapped, routing=routing, verify=self._verify, **router_options)
+        self._router = Router(wrapped, routing=routing, verify=self._verify, name=self.name, **router_options)
         self._model: str | None = None
         self._mismatch: InvalidRequestError | None = None
         self._checked = False
         self._check_lock: asyncio.Lock | None = None
-        self._identities = sorted(
-            {json.dumps(static_identity(b), sort_keys=True, default=str) for b in backends}
-        )
         self.capabilities = common_capabilities(backends, [r.capacity for r in wrapped])
 
     @classmethod
@@ -205,19 +189,20 @@ class PoolBackend(BaseBackend):
                     labels.append(None)
                     built.append(spec)
             backend = cls(built, capacities=capacities, labels=labels, **options)
-            await backend.ready()
         except BaseException:
             await asyncio.gather(*(b.aclose() for b in built), return_exceptions=True)
+            raise
+        try:
+            await backend.ready()
+        except BaseException:
+            await (
+                backend.aclose()
+            )  # its probes as well as its replicas: a refused pool leaves nothing running
             raise
         return backend
 
     def __repr__(self) -> str:
         return f"PoolBackend({[r.label for r in self._router.replicas]!r}, routing={self.routing!r})"
-
-    @property
-    def router(self) -> Router:
-        """The router (its replicas, their state and figures)."""
-        return self._router
 
     @property
     def model(self) -> str | None:
@@ -232,11 +217,11 @@ class PoolBackend(BaseBackend):
         coroutine with a cache should ``await pool.ready()`` first, as ``gather`` reads the fingerprint
         before the first request.
         """
-        return {"name": self.name, "model": self._model, "replicas": self._identities}
-
-    def replica_stats(self) -> list[ReplicaStats]:
-        """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""
-        return self._router.stats()
+        # Read now, not when the pool was built: a replica's identity may be learned by `ready` (TGI's model).
+        identities = {
+            json.dumps(static_identity(r.backend), sort_keys=True, default=str) for r in self._router.replicas
+        }
+        return {"name": self.name, "model": self._model, "replicas": sorted(identities)}
 
     # -- one model -----------------------------------------------------------------------------------
 
@@ -248,6 +233,10 @@ class PoolBackend(BaseBackend):
         Raises:
             InvalidRequestError: Replicas serve different models; every later request raises it too.
         """
+        # On the shared loop: a replica cooled down here is probed there, not on a loop that may end.
+        await get_loop_manager().arun(self._ready())
+
+    async def _ready(self) -> None:
         if not self._checked:
             if self._check_lock is None:
                 self._check_lock = asyncio.Lock()
@@ -287,63 +276,10 @@ class PoolBackend(BaseBackend):
 
     # -- requests ------------------------------------------------------------------------------------
 
-    async def _route(self, method: str, request: Request, capable: bool) -> Any:
-        self._check_open(request.request_id)
-        if not capable:
-            raise RequestRejectedError(
-                f"not every replica of this pool supports {method}",
-                backend=self.name,
-                request_id=request.request_id,
-            )
-        await self.ready()
-        try:
-            return await self._router.call(method, request)
-        except BackendError as exc:
-            if not self._closed:
-                raise
-            # Closed under the request: whatever the replica said (the router marks a closed replica's error
-            # retryable, to fail over), the pool is gone, so the request ends here, never retried.
-            raise BackendClosedError(
-                "the pool was closed while this request was in flight",
-                backend=self.name,
-                request_id=request.request_id,
-            ) from exc
+    async def _before_route(self, request: Request) -> None:
+        await self._ready()
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """See `AsyncBackend.generate`: one attempt, on the replica the router picks."""
-        # Refused here, not by whichever replica is picked: the pool honours only what every replica does.
-        refuse_unsupported(
-            request.params, self.capabilities, backend=self.name, request_id=request.request_id
-        )
-        result: GenerationResult = await self._route("generate", request, True)
-        return result
-
-    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """See `AsyncBackend.loglikelihood`: one attempt, on the replica the router picks."""
-        result: LoglikelihoodResult = await self._route(
-            "loglikelihood", request, self.capabilities.loglikelihood
-        )
-        return result
-
-    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """Rolling loglikelihood, where every replica supports it."""
-        result: LoglikelihoodResult = await self._route(
-            "loglikelihood_rolling", request, self.capabilities.rolling_loglikelihood
-        )
-        return result
-
-    async def check_ready(self) -> None:
-        """Return while any replica is healthy (a pool can be a replica of a router too).
-
-        Raises:
-            BackendUnavailableError: No replica is healthy now.
-        """
-        self._check_open()
-        if not any(r.state == HEALTHY for r in self._router.replicas):
-            raise BackendUnavailableError("no healthy replica in the pool", backend=self.name)
-
-    async def _aclose(self) -> None:
-        await self._router.aclose()
+    async def _close_replicas(self) -> None:
         outcomes = await asyncio.gather(
             *(r.backend.aclose() for r in self._router.replicas), return_exceptions=True
         )
@@ -365,16 +301,23 @@ def pool(
     Called from sync code the replicas' models are read at once (on the shared loop); from a coroutine,
     before the first request (``await backend.ready()`` to do it sooner, or to check before a cached run).
 
+    A pool refused from sync code stops its probes; the replicas, still the caller's, stay open.
+
     Raises:
         InvalidRequestError: Bad options, or (from sync code) replicas serving different models.
     """
-    from ..loop import get_loop_manager
-
     backend = PoolBackend(backends, routing=routing, capacities=capacities, labels=labels, **router_options)
     manager = get_loop_manager()
     manager.track(backend)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        pass
+    else:
+        return backend
+    try:
         manager.run(backend.ready())  # sync code: check the models now, before anything is sent
+    except BaseException:
+        manager.run(backend.router.aclose())  # no probe outlives a pool nobody can use
+        raise
     return backend

@@ -35,7 +35,7 @@ Everything loop-bound (probe tasks, the wake-up future) is created lazily on the
 the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
 
 A replica's state, figures and fault rules live in `asyncbackends.wrappers.replica`, the two ways of
-choosing one in `asyncbackends.wrappers.routing`; this module ties them into the policy above (their public
+choosing one in `asyncbackends.wrappers.choice`; this module ties them into the policy above (their public
 names are importable from here as well).
 """
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -52,10 +53,11 @@ from typing import Any
 from ..errors import BackendError, BackendUnavailableError, InvalidRequestError
 from ..observe import note_replica, replica_state
 from ..types import GenerationRequest, Request, Result, SamplingParams
+from .choice import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
 from .replica import COOLING, HEALTHY, REFUSED, Replica, ReplicaStats, is_replica_fault, sent_nothing
-from .routing import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
 
 __all__ = [
+    "OPTIONS",
     "POWER_OF_TWO_ABOVE",
     "ROUTINGS",
     "Replica",
@@ -67,6 +69,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+OPTIONS = ("cooldown", "max_cooldown", "wait", "probe_timeout", "affinity_chars", "affinity_slack", "seed")
+"""The router's tuning options (besides ``routing``), as `Router.check_options` accepts them."""
+
+_ids = itertools.count(1)
 
 _PROBE_REQUEST = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="asyncbackends-probe")
 
@@ -88,9 +95,11 @@ class Router:
         affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
             takes a request while it holds fewer than this times its share of the requests in flight.
         seed: Seed of the tie-breaking and sampling generator.
+        name: What the router's owner is (``"pool"``, ``"ray"``); the router's `name` is this plus a number
+            unique in the process, the ``pool`` attribute its replicas' state is reported under.
 
     Raises:
-        InvalidRequestError: No replicas, or an unknown routing.
+        InvalidRequestError: No replicas, an unknown routing, or a bad option.
     """
 
     def __init__(
@@ -106,20 +115,20 @@ class Router:
         affinity_chars: int = 256,
         affinity_slack: float = 1.25,
         seed: int | None = None,
+        name: str = "router",
     ) -> None:
         if not replicas:
             raise InvalidRequestError("a router needs at least one replica")
-        if routing not in ROUTINGS:
-            raise InvalidRequestError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        for name, value in (("cooldown", cooldown), ("max_cooldown", max_cooldown), ("wait", wait)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise InvalidRequestError(f"{name} must be a number >= 0, got {value!r}")
-        if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
-            raise InvalidRequestError(f"probe_timeout must be a number > 0, got {probe_timeout!r}")
-        if not isinstance(affinity_slack, (int, float)) or not affinity_slack >= 1:
-            raise InvalidRequestError(f"affinity_slack must be a number >= 1, got {affinity_slack!r}")
-        if not isinstance(affinity_chars, int) or affinity_chars < 1:
-            raise InvalidRequestError(f"affinity_chars must be an int >= 1, got {affinity_chars!r}")
+        self.check_options(
+            routing,
+            cooldown=cooldown,
+            max_cooldown=max_cooldown,
+            wait=wait,
+            probe_timeout=probe_timeout,
+            affinity_chars=affinity_chars,
+            affinity_slack=affinity_slack,
+            seed=seed,
+        )
         self.replicas: list[Replica] = [
             r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
         ]
@@ -131,8 +140,44 @@ class Router:
         self._rng = random.Random(seed)
         self._taken_back: asyncio.Future[None] | None = None
         self._closed = False
+        # Each router reports its replicas under its own name: two pools never overwrite each other's gauge.
+        self.name = f"{name}-{next(_ids)}"
         for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
-            replica_state("pool", replica.label, replica.state)
+            replica_state(self.name, replica.label, replica.state)
+
+    @classmethod
+    def check_options(cls, routing: str = "least_loaded", **options: Any) -> None:
+        """Check router options without building a router (a backend refuses bad ones before starting).
+
+        Args:
+            routing: ``"least_loaded"`` or ``"affinity"``.
+            **options: Any of ``cooldown``, ``max_cooldown``, ``wait``, ``probe_timeout``, ``affinity_chars``,
+                ``affinity_slack``, ``seed``.
+
+        Raises:
+            InvalidRequestError: An unknown routing or option, or a value out of range.
+        """
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise InvalidRequestError(f"unknown router option(s) {unknown}; known: {', '.join(OPTIONS)}")
+        if routing not in ROUTINGS:
+            raise InvalidRequestError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        for name in ("cooldown", "max_cooldown", "wait"):
+            value = options.get(name, 0)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise InvalidRequestError(f"{name} must be a number >= 0, got {value!r}")
+        probe_timeout = options.get("probe_timeout", 1)
+        if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
+            raise InvalidRequestError(f"probe_timeout must be a number > 0, got {probe_timeout!r}")
+        affinity_slack = options.get("affinity_slack", 1)
+        if not isinstance(affinity_slack, (int, float)) or not affinity_slack >= 1:
+            raise InvalidRequestError(f"affinity_slack must be a number >= 1, got {affinity_slack!r}")
+        affinity_chars = options.get("affinity_chars", 1)
+        if not isinstance(affinity_chars, int) or affinity_chars < 1:
+            raise InvalidRequestError(f"affinity_chars must be an int >= 1, got {affinity_chars!r}")
+        seed = options.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise InvalidRequestError(f"seed must be an int or None, got {seed!r}")
 
     # -- routing -------------------------------------------------------------------------------------
 
@@ -248,7 +293,7 @@ class Router:
         if isinstance(retry_after, (int, float)) and retry_after > length:
             length = min(self.max_cooldown, float(retry_after))
         replica.state = COOLING
-        replica_state("pool", replica.label, COOLING, HEALTHY)
+        replica_state(self.name, replica.label, COOLING, HEALTHY)
         replica.cooldowns += 1
         replica.cooled_until = time.monotonic() + length
         replica.last_error = f"{type(exc).__name__}: {exc}"
@@ -257,7 +302,7 @@ class Router:
 
     def refuse(self, replica: Replica, reason: str) -> None:
         """Take ``replica`` out of service for good (it serves another model, say)."""
-        replica_state("pool", replica.label, REFUSED, replica.state)
+        replica_state(self.name, replica.label, REFUSED, replica.state)
         replica.state = REFUSED
         replica.last_error = reason
         log.warning("replica %s refused: %s", replica.label, reason)
@@ -284,7 +329,7 @@ class Router:
                 replica.last_error = f"probe: {type(exc).__name__}: {exc}"
                 continue
             replica.state = HEALTHY
-            replica_state("pool", replica.label, HEALTHY, COOLING)
+            replica_state(self.name, replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)
             self._wake()

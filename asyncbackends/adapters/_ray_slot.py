@@ -1,4 +1,4 @@
-"""`ActorReplica`: one replica slot of the ``ray`` backend, seen by the router as a backend of its own.
+"""`ActorSlot`: one replica slot of the ``ray`` backend, seen by the router as a backend of its own.
 
 A slot holds the Ray actor currently serving it. A call submits one actor task and awaits its object ref on
 the caller's loop (an ``ObjectRef`` is awaitable: nothing blocks the shared loop); cancelling the call
@@ -32,7 +32,7 @@ from ..types import (
     RollingLoglikelihoodRequest,
 )
 
-__all__ = ["ActorReplica", "ReplicaLostError", "Started"]
+__all__ = ["ActorSlot", "ReplicaLostError", "Started"]
 
 log = logging.getLogger("asyncbackends.adapters.ray")
 
@@ -49,7 +49,7 @@ class ReplicaLostError(BackendUnavailableError):
     sent_nothing = True  # read by the router: no answer came back, so another replica may take it
 
 
-class ActorReplica:
+class ActorSlot:
     """One replica slot: the actor serving it now, restarted in place when it is lost.
 
     Args:
@@ -65,7 +65,7 @@ class ActorReplica:
         started: Started,
         *,
         spawn: Callable[[int], Awaitable[Started]],
-        on_lost: Callable[[ActorReplica, BaseException], None] | None = None,
+        on_lost: Callable[[ActorSlot, BaseException], None] | None = None,
     ) -> None:
         self.index = index
         self.actor, self.info = started
@@ -94,7 +94,7 @@ class ActorReplica:
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else ("dropped" if self.dropped else "restarting")
-        return f"ActorReplica({self.index}, {self.hosted}, pid={self.info.get('pid')}, {state})"
+        return f"ActorSlot({self.index}, {self.hosted}, pid={self.info.get('pid')}, {state})"
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ class ActorReplica:
         if self.on_lost is not None:
             self.on_lost(self, exc)
 
-    def restart(self, on_done: Callable[[ActorReplica, BaseException | None], None]) -> None:
+    def restart(self, on_done: Callable[[ActorSlot, BaseException | None], None]) -> None:
         """Start a new actor for this slot in the background; ``on_done`` hears how it went."""
 
         async def respawn() -> None:

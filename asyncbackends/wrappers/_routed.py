@@ -1,0 +1,157 @@
+"""`RoutedBackend`: the base of every backend that sends each attempt to one of several replicas.
+
+`PoolBackend` (replica backends in this process) and `RayBackend` (replicas as Ray actors) differ in how
+their replicas are built, read and lost; everything else is here, once:
+
+- **Routing**: each attempt goes through the backend's `Router` (load, cool-downs, probes, failover).
+- **Capabilities**: a routed backend honours only what every replica does, so a request the intersection
+  lacks (an optional sampling field, a token-id or chat prompt, loglikelihood, rolling loglikelihood) is
+  refused with `RequestRejectedError` before anything is sent, as a single backend refuses it; which replica
+  is picked never decides whether a request works. A loglikelihood result's ``is_greedy`` is ``None`` unless
+  every replica can tell it.
+- **One loop**: the router's state (in-flight counts, probe tasks, the wake-up future) lives on the shared
+  loop, whichever loop a caller awaits from (``asyncio.run``, a notebook, the shared loop itself).
+- **Closing**: `aclose` stops the probes and releases attempts waiting for a healthy replica; an attempt in
+  flight when the backend closes ends with `BackendClosedError`, never retried.
+- **Readiness**: `check_ready` returns while any replica is healthy, so a routed backend can itself be a
+  replica (of a pool, say).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..adapters._sampling import refuse_unsupported
+from ..errors import BackendClosedError, BackendError, BackendUnavailableError, RequestRejectedError
+from ..loop import get_loop_manager
+from ..protocol import BaseBackend
+from ..types import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Request,
+    RollingLoglikelihoodRequest,
+)
+from .replica import ReplicaStats
+from .router import Router
+
+__all__ = ["RoutedBackend"]
+
+# The prompt kinds a capability must allow, by `GenerationRequest.prompt_kind`.
+_PROMPT_CAPABILITIES = {"tokens": "token_ids", "chat": "chat"}
+
+
+class RoutedBackend(BaseBackend):
+    """A backend whose attempts a `Router` sends to replicas; subclasses set ``_router`` and ``capabilities``.
+
+    Subclass hooks: `_before_route` (checks before each attempt, on the shared loop) and `_close_replicas`
+    (release the replicas once the router stopped).
+    """
+
+    name = "routed"
+    capabilities: Capabilities
+    _router: Router
+
+    @property
+    def router(self) -> Router:
+        """The router (its replicas, their state and figures)."""
+        return self._router
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""
+        return self._router.stats()
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """See `AsyncBackend.generate`: one attempt, on the replica the router picks.
+
+        Raises:
+            RequestRejectedError: The request needs something not every replica honours.
+        """
+        caps, rid = self.capabilities, request.request_id
+        # Refused here, not by whichever replica is picked: the backend honours only what every replica does.
+        refuse_unsupported(request.params, caps, backend=self.name, request_id=rid)
+        needed = _PROMPT_CAPABILITIES.get(request.prompt_kind)
+        if needed is not None and not getattr(caps, needed):
+            raise RequestRejectedError(
+                f"not every replica of this {self.name} accepts {request.prompt_kind} prompts",
+                backend=self.name,
+                request_id=rid,
+            )
+        result: GenerationResult = await self._route("generate", request, True)
+        return result
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """See `AsyncBackend.loglikelihood`: one attempt, on the replica the router picks."""
+        result: LoglikelihoodResult = await self._route(
+            "loglikelihood", request, self.capabilities.loglikelihood
+        )
+        return self._greedy_as_promised(result)
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Rolling loglikelihood, where every replica supports it."""
+        result: LoglikelihoodResult = await self._route(
+            "loglikelihood_rolling", request, self.capabilities.rolling_loglikelihood
+        )
+        return self._greedy_as_promised(result)
+
+    def _greedy_as_promised(self, result: LoglikelihoodResult) -> LoglikelihoodResult:
+        # A replica that can tell is_greedy must not make the answer depend on which replica was picked.
+        if self.capabilities.is_greedy or result.is_greedy is None:
+            return result
+        return dataclasses.replace(result, is_greedy=None)
+
+    async def _route(self, method: str, request: Request, capable: bool) -> Any:
+        self._check_open(request.request_id)
+        if not capable:
+            raise RequestRejectedError(
+                f"not every replica of this {self.name} supports {method}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
+        # The router's state lives on the shared loop, whichever loop the caller awaits from.
+        return await get_loop_manager().arun(self._attempt(method, request))
+
+    async def _attempt(self, method: str, request: Request) -> Any:
+        await self._before_route(request)
+        try:
+            return await self._router.call(method, request)
+        except BackendError as exc:
+            if not self._closed:
+                raise
+            # Closed under the request: whatever the replica said (the router marks a closed replica's error
+            # retryable, to fail over), the backend is gone, so the request ends here, never retried.
+            raise BackendClosedError(
+                f"the {self.name} backend was closed while this request was in flight",
+                backend=self.name,
+                request_id=request.request_id,
+            ) from exc
+
+    async def _before_route(self, request: Request) -> None:
+        """Subclass hook, awaited on the shared loop before each attempt: raise to refuse it."""
+
+    async def check_ready(self) -> None:
+        """Return while any replica is healthy (a routed backend can be a replica of a router too).
+
+        Raises:
+            BackendUnavailableError: No replica is healthy now.
+        """
+        self._check_open()
+        if not self._router.healthy():
+            raise BackendUnavailableError(f"no healthy replica in the {self.name} backend", backend=self.name)
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    async def _aclose(self) -> None:
+        await get_loop_manager().arun(self._close_all())
+
+    async def _close_all(self) -> None:
+        await self._router.aclose()
+        await self._close_replicas()
+
+    async def _close_replicas(self) -> None:
+        """Subclass hook: release the replicas (the router's probes are stopped already)."""
