@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
-__all__ = ["AttemptClock", "held_slot", "waiting_for_slot"]
+__all__ = ["AttemptClock", "attempt_timed_out", "held_slot", "waiting_for_slot"]
 
 _current: ContextVar[AttemptClock | None] = ContextVar("asyncbackends_attempt_clock", default=None)
 
@@ -56,6 +56,16 @@ class AttemptClock:
         elif not paused and self._remaining is not None:
             self.deadline = time.monotonic() + self._remaining
             self._remaining = None
+
+
+def attempt_timed_out() -> bool:
+    """Whether the attempt running in this task was cancelled by `gather`'s per-attempt timeout.
+
+    Read where a ``CancelledError`` is caught: a timed-out attempt is the backend's slowness (a router cools
+    the replica down for it), any other cancellation is the caller's.
+    """
+    clock = _current.get()
+    return clock is not None and clock.expired
 
 
 def _timed_clock() -> AttemptClock | None:

@@ -40,8 +40,8 @@ from .router import Router
 
 __all__ = ["RoutedBackend"]
 
-# The prompt kinds a capability must allow, by `GenerationRequest.prompt_kind`.
-_PROMPT_CAPABILITIES = {"tokens": "token_ids", "chat": "chat"}
+# The capability a prompt kind needs (by `GenerationRequest.prompt_kind`), and its name in errors.
+_PROMPT_CAPABILITIES = {"tokens": ("token_ids", "token-id"), "chat": ("chat", "chat")}
 
 
 class RoutedBackend(BaseBackend):
@@ -75,10 +75,10 @@ class RoutedBackend(BaseBackend):
         caps, rid = self.capabilities, request.request_id
         # Refused here, not by whichever replica is picked: the backend honours only what every replica does.
         refuse_unsupported(request.params, caps, backend=self.name, request_id=rid)
-        needed = _PROMPT_CAPABILITIES.get(request.prompt_kind)
+        needed, kind = _PROMPT_CAPABILITIES.get(request.prompt_kind, (None, ""))
         if needed is not None and not getattr(caps, needed):
             raise RequestRejectedError(
-                f"not every replica of this {self.name} accepts {request.prompt_kind} prompts",
+                f"not every replica of this {self.name} accepts {kind} prompts",
                 backend=self.name,
                 request_id=rid,
             )

@@ -5,19 +5,21 @@ get the full amount. Wrapping the backend once, ``shared = ab.limited(backend, c
 passing ``shared`` to every run makes the limit the server's: its slots and token buckets are the
 wrapper's, so every run (and any direct call) queues on the same ones. Waiting for them is waiting for a
 slot, so it never counts toward `gather`'s per-attempt timeout; the attempt's clock runs once a slot is
-held. The slots and buckets are created on first use, on the loop that uses them (the shared loop).
+held. The slots and buckets are created on first use, on the shared loop, and every call waits on them
+there, whichever loop it comes from (an ``asyncio.run`` call, a notebook), so a later run still finds them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
 from ..errors import InvalidRequestError
+from ..loop import get_loop_manager
 from ..options import RateLimit
 from ..protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
 from ..types import (
@@ -87,7 +89,12 @@ class LimitedBackend:
             self._tpm = TokenBucket(rate.tokens_per_minute / 60, rate.tokens_per_minute)
         self._ready = True
 
-    async def _within_limits(self, request: Request, call: Callable[[], Awaitable[R]]) -> R:
+    async def _within_limits(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        # On the shared loop whichever loop calls: the slots and buckets serve every run, so they must not
+        # be bound to a loop that ends (an ``asyncio.run`` call) before a later run waits on them.
+        return await get_loop_manager().arun(self._limited(request, call))
+
+    async def _limited(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
         if not self._ready:
             self._make_state()
         if self._rps is not None or self._tpm is not None:
@@ -111,6 +118,10 @@ class LimitedBackend:
     async def aclose(self) -> None:
         """Close the wrapped backend."""
         await self.backend.aclose()
+
+    def close(self) -> None:
+        """Blocking `aclose`, run on the shared loop: for sync code."""
+        get_loop_manager().run(self.aclose())
 
     async def __aenter__(self) -> Self:
         return self

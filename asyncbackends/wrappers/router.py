@@ -50,7 +50,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..errors import BackendError, BackendUnavailableError, InvalidRequestError
+from .._clock import attempt_timed_out
+from ..errors import (
+    BackendClosedError,
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+)
 from ..observe import note_replica, replica_state
 from ..types import GenerationRequest, Request, Result, SamplingParams
 from .choice import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
@@ -225,6 +232,11 @@ class Router:
             try:
                 result: Result = await getattr(replica.backend, method)(request)
             except asyncio.CancelledError:
+                if attempt_timed_out():
+                    # gather's per-attempt timeout: a replica that accepts requests and never answers is at
+                    # fault, else it looks idle once the cancel drops its in-flight count and gets the retry.
+                    replica.failures += 1
+                    self.fault(replica, BackendTimeoutError("an attempt timed out on it"))
                 raise
             except Exception as exc:
                 replica.failures += 1
@@ -262,6 +274,11 @@ class Router:
             replica = self.choose(request, tried) or (self.choose(request) if tried else None)
             if replica is not None:
                 return replica
+            if self._closed:
+                raise BackendClosedError(
+                    "the router was closed while this attempt waited for a healthy replica",
+                    request_id=request.request_id,
+                )
             if all(r.state == REFUSED for r in self.replicas):
                 raise InvalidRequestError(
                     "every replica was refused: "

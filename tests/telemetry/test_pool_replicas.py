@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import asyncbackends as ab
 
 from .conftest import OTel
@@ -41,3 +43,23 @@ def test_pool_replicas_reach_callbacks_spans_and_the_state_gauge(otel: OTel, mak
         assert states[("mock-1", "cooling")] == 1 and states[("mock-1", "healthy")] == 0
     finally:
         ab.get_loop_manager().run(pool.aclose())
+
+
+def test_two_pools_report_their_replicas_under_their_own_names(otel: OTel, make_mock: Any) -> None:
+    # The same replica label in two pools; one of them cools down: the other pool's gauge must not change.
+    first = ab.pool([make_mock(failure_rate=1.0, failure="unavailable")], cooldown=60, wait=0)
+    second = ab.pool([make_mock()])
+    try:
+        with pytest.raises(ab.BackendUnavailableError):
+            ab.get_loop_manager().run(first.generate(ab.GenerationRequest("x")))
+        states = {
+            (p.attributes["asyncbackends.pool"], p.attributes["asyncbackends.replica.state"]): p.value
+            for p in otel.points("asyncbackends.replica.state")
+        }
+        one, two = first.router.name, second.router.name
+        assert one != two and one.startswith("pool-") and two.startswith("pool-")
+        assert states[(one, "cooling")] == 1 and states[(one, "healthy")] == 0
+        assert states[(two, "healthy")] == 1 and (two, "cooling") not in states
+    finally:
+        first.close()
+        second.close()
