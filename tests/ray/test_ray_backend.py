@@ -224,3 +224,30 @@ def test_importing_asyncbackends_imports_no_ray() -> None:
     code = "import sys, asyncbackends; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_hung_replica_is_cooled_down_and_retries_go_elsewhere(ray_cluster: Any, tmp_path: Path) -> None:
+    logs, hold = tmp_path / "logs", tmp_path / "hold"
+    logs.mkdir()
+    backend = make_ray_backend(
+        RECORDING,
+        replicas=2,
+        options={"log_dir": str(logs), "hold_file": str(hold)},
+        router_options={"cooldown": 600, "max_cooldown": 600},  # no probe takes it back during the run
+    )
+    try:
+        hung = backend.replicas[0]
+        hold.write_text(str(hung.pid))  # it accepts every request and answers none; its health check passes
+        requests = [ab.GenerationRequest(f"p{i}", request_id=f"h{i}") for i in range(8)]
+        retry = ab.RetryPolicy(max_attempts=3, initial_delay=0.0, jitter=False)
+        results = ab.run_batch(
+            backend, requests, timeout=5, retry=retry, concurrency=4, return_exceptions=True
+        )
+        assert [getattr(r, "text", r) for r in results] == [f"p{i}" for i in range(8)]
+        held = [rid for e, rid in read_events(logs).get(hung.pid, []) if e == "held"]
+        stats = backend.replica_stats()[0]
+        assert held and stats.requests == len(held)  # tried, timed out, and never tried again
+        assert stats.state == "cooling" and stats.cooldowns == 1
+        assert "BackendTimeoutError" in (stats.last_error or "")
+    finally:
+        backend.close()
