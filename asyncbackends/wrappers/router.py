@@ -77,7 +77,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OPTIONS = ("cooldown", "max_cooldown", "wait", "probe_timeout", "affinity_chars", "affinity_slack", "seed")
+# The router's tuning options (besides ``routing``) and their defaults, in `_check`'s order.
+_DEFAULTS: dict[str, Any] = {
+    "cooldown": 1.0,
+    "max_cooldown": 60.0,
+    "wait": 30.0,
+    "probe_timeout": 10.0,
+    "affinity_chars": 256,
+    "affinity_slack": 1.25,
+    "seed": None,
+}
+OPTIONS = tuple(_DEFAULTS)
 """The router's tuning options (besides ``routing``), as `Router.check_options` accepts them."""
 
 _ids = itertools.count(1)
@@ -126,16 +136,7 @@ class Router:
     ) -> None:
         if not replicas:
             raise InvalidRequestError("a router needs at least one replica")
-        self.check_options(
-            routing,
-            cooldown=cooldown,
-            max_cooldown=max_cooldown,
-            wait=wait,
-            probe_timeout=probe_timeout,
-            affinity_chars=affinity_chars,
-            affinity_slack=affinity_slack,
-            seed=seed,
-        )
+        _check(routing, cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
         self.replicas: list[Replica] = [
             r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
         ]
@@ -167,24 +168,7 @@ class Router:
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise InvalidRequestError(f"unknown router option(s) {unknown}; known: {', '.join(OPTIONS)}")
-        if routing not in ROUTINGS:
-            raise InvalidRequestError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        for name in ("cooldown", "max_cooldown", "wait"):
-            value = options.get(name, 0)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise InvalidRequestError(f"{name} must be a number >= 0, got {value!r}")
-        probe_timeout = options.get("probe_timeout", 1)
-        if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
-            raise InvalidRequestError(f"probe_timeout must be a number > 0, got {probe_timeout!r}")
-        affinity_slack = options.get("affinity_slack", 1)
-        if not isinstance(affinity_slack, (int, float)) or not affinity_slack >= 1:
-            raise InvalidRequestError(f"affinity_slack must be a number >= 1, got {affinity_slack!r}")
-        affinity_chars = options.get("affinity_chars", 1)
-        if not isinstance(affinity_chars, int) or affinity_chars < 1:
-            raise InvalidRequestError(f"affinity_chars must be an int >= 1, got {affinity_chars!r}")
-        seed = options.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise InvalidRequestError(f"seed must be an int or None, got {seed!r}")
+        _check(routing, *(options.get(name, default) for name, default in _DEFAULTS.items()))
 
     # -- routing -------------------------------------------------------------------------------------
 
@@ -381,3 +365,27 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._wake()
+
+
+def _check(
+    routing: str,
+    cooldown: float,
+    max_cooldown: float,
+    wait: float,
+    probe_timeout: float,
+    affinity_chars: int,
+    affinity_slack: float,
+    seed: Any,  # anything `random.Random` takes
+) -> None:
+    """Raise `InvalidRequestError` for a router option out of range (see `Router.check_options`)."""
+    if routing not in ROUTINGS:
+        raise InvalidRequestError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    for name, value in (("cooldown", cooldown), ("max_cooldown", max_cooldown), ("wait", wait)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise InvalidRequestError(f"{name} must be a number >= 0, got {value!r}")
+    if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
+        raise InvalidRequestError(f"probe_timeout must be a number > 0, got {probe_timeout!r}")
+    if not isinstance(affinity_slack, (int, float)) or not affinity_slack >= 1:
+        raise InvalidRequestError(f"affinity_slack must be a number >= 1, got {affinity_slack!r}")
+    if not isinstance(affinity_chars, int) or affinity_chars < 1:
+        raise InvalidRequestError(f"affinity_chars must be an int >= 1, got {affinity_chars!r}")
