@@ -241,7 +241,7 @@ def test_a_hung_replica_is_cooled_down_and_retries_go_elsewhere(ray_cluster: Any
         requests = [ab.GenerationRequest(f"p{i}", request_id=f"h{i}") for i in range(8)]
         retry = ab.RetryPolicy(max_attempts=3, initial_delay=0.0, jitter=False)
         results = ab.run_batch(
-            backend, requests, timeout=5, retry=retry, concurrency=4, return_exceptions=True
+            backend, requests, timeout=10, retry=retry, concurrency=4, return_exceptions=True
         )
         assert [getattr(r, "text", r) for r in results] == [f"p{i}" for i in range(8)]
         held = [rid for e, rid in read_events(logs).get(hung.pid, []) if e == "held"]
