@@ -274,7 +274,7 @@ class PoolBackend(RoutedBackend):
         elif model != self._model:
             raise InvalidRequestError(f"it serves {model!r}, the pool serves {self._model!r}")
 
-    # -- requests ------------------------------------------------------------------------------------
+    # -- RoutedBackend hooks ---------------------------------------------------------------------------
 
     async def _before_route(self, request: Request) -> None:
         await self._ready()

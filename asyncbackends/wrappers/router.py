@@ -31,8 +31,10 @@ What the router does with one attempt (`Router.call`):
   its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
   in flight (consistent hashing with bounded loads); otherwise the next replica in the prefix's order.
 
-Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`,
-the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
+Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`:
+the shared loop, where `RoutedBackend` (`asyncbackends.wrappers._routed`) moves every call. `Router.aclose`
+stops the probes and ends attempts waiting for a replica; closing the replicas is the owner's job. Each router
+reports its replicas' state under its own `Router.name`.
 
 A replica's state, figures and fault rules live in `asyncbackends.wrappers.replica`, the two ways of
 choosing one in `asyncbackends.wrappers.choice`; this module ties them into the policy above (their public
