@@ -9,7 +9,7 @@ backend = ab.create_backend(
 
 Each replica is a `ReplicaActor` (`_ray_actor`) hosting the backend named by ``backend``, built inside the
 actor through the registry (built-ins and third-party entry points alike) with ``options``. Requests are
-routed by the project's one router (`asyncbackends.wrappers.router.Router`, as in a pool: load, health,
+routed by the project's one router (`asyncbackends._wrappers.router.Router`, as in a pool: load, health,
 cool-down, failover, affinity), each actor a replica whose readiness probe is the actor's liveness plus the
 hosted backend's ``check_ready``; results come back as each finishes, awaited on the shared loop (never
 ``ray.get``). An actor or node lost mid-run: its in-flight requests go to the survivors inside the same
@@ -36,10 +36,10 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .._types import Capabilities, Request
+from .._wrappers._routed import RoutedBackend
+from .._wrappers.router import Replica, Router
 from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
-from ..types import Capabilities, Request
-from ..wrappers._routed import RoutedBackend
-from ..wrappers.router import Replica, Router
 from ._ray_actor import ReplicaActor
 from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
 from ._ray_slot import ActorSlot, Started

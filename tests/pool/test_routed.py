@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.abc import Router
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.adapters.tgi import TGIBackend
 from asyncbackends.testing.fake_tgi import FakeTGIServer
-from asyncbackends.wrappers.pool import PoolBackend
-from asyncbackends.wrappers.router import Router
 
 from .test_router import until
 
@@ -230,4 +229,4 @@ def test_router_options_are_checked_without_a_router() -> None:
         Router.check_options("least_loaded", cooldwn=1)
     with pytest.raises(ab.InvalidRequestError, match="affinity_slack"):
         Router.check_options("affinity", affinity_slack=0.5)
-    assert isinstance(ab.pool([MockBackend()]), PoolBackend)
+    assert isinstance(ab.pool([MockBackend()]), ab.PoolBackend)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..adapters._sampling import refuse_unsupported
-from ..errors import BackendClosedError, BackendError, BackendUnavailableError, RequestRejectedError
-from ..loop import get_loop_manager
-from ..protocol import BaseBackend
-from ..types import (
+from .._capabilities import refuse_unsupported
+from .._loop import get_loop_manager
+from .._protocol import BaseBackend
+from .._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -35,6 +34,7 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
+from ..errors import BackendClosedError, BackendError, BackendUnavailableError, RequestRejectedError
 from .replica import ReplicaStats
 from .router import Router
 

@@ -32,12 +32,12 @@ What the router does with one attempt (`Router.call`):
   in flight (consistent hashing with bounded loads); otherwise the next replica in the prefix's order.
 
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`:
-the shared loop, where `RoutedBackend` (`asyncbackends.wrappers._routed`) moves every call. `Router.aclose`
+the shared loop, where `RoutedBackend` (`asyncbackends._wrappers._routed`) moves every call. `Router.aclose`
 stops the probes and ends attempts waiting for a replica; closing the replicas is the owner's job. Each router
 reports its replicas' state under its own `Router.name`.
 
-A replica's state, figures and fault rules live in `asyncbackends.wrappers.replica`, the two ways of
-choosing one in `asyncbackends.wrappers.choice`; this module ties them into the policy above (their public
+A replica's state, figures and fault rules live in `asyncbackends._wrappers.replica`, the two ways of
+choosing one in `asyncbackends._wrappers.choice`; this module ties them into the policy above (their public
 names are importable from here as well).
 """
 
@@ -53,6 +53,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._clock import attempt_timed_out
+from .._observability.observe import note_replica
+from .._observability.telemetry import record_replica_state
+from .._types import GenerationRequest, Request, Result, SamplingParams
 from ..errors import (
     BackendClosedError,
     BackendError,
@@ -60,22 +63,17 @@ from ..errors import (
     BackendUnavailableError,
     InvalidRequestError,
 )
-from ..observe import note_replica, replica_state
-from ..types import GenerationRequest, Request, Result, SamplingParams
-from .choice import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
-from .replica import COOLING, HEALTHY, REFUSED, Replica, ReplicaStats, is_replica_fault, sent_nothing
+from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
+from .choice import ROUTINGS as ROUTINGS
+from .choice import Routing as Routing
+from .choice import affine, affinity_key, least_loaded
+from .replica import COOLING, HEALTHY, REFUSED
+from .replica import Replica as Replica
+from .replica import ReplicaStats as ReplicaStats
+from .replica import is_replica_fault as is_replica_fault
+from .replica import sent_nothing as sent_nothing
 
-__all__ = [
-    "OPTIONS",
-    "POWER_OF_TWO_ABOVE",
-    "ROUTINGS",
-    "Replica",
-    "ReplicaStats",
-    "Router",
-    "Routing",
-    "is_replica_fault",
-    "sent_nothing",
-]
+__all__ = ["OPTIONS", "Router"]
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +151,7 @@ class Router:
         # Each router reports its replicas under its own name: two pools never overwrite each other's gauge.
         self.name = f"{name}-{next(_ids)}"
         for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
-            replica_state(self.name, replica.label, replica.state)
+            record_replica_state(self.name, replica.label, replica.state)
 
     @classmethod
     def check_options(cls, routing: str = "least_loaded", **options: Any) -> None:
@@ -296,7 +294,7 @@ class Router:
         if isinstance(retry_after, (int, float)) and retry_after > length:
             length = min(self.max_cooldown, float(retry_after))
         replica.state = COOLING
-        replica_state(self.name, replica.label, COOLING, HEALTHY)
+        record_replica_state(self.name, replica.label, COOLING, HEALTHY)
         replica.cooldowns += 1
         replica.cooled_until = time.monotonic() + length
         replica.last_error = f"{type(exc).__name__}: {exc}"
@@ -305,7 +303,7 @@ class Router:
 
     def refuse(self, replica: Replica, reason: str) -> None:
         """Take ``replica`` out of service for good (it serves another model, say)."""
-        replica_state(self.name, replica.label, REFUSED, replica.state)
+        record_replica_state(self.name, replica.label, REFUSED, replica.state)
         replica.state = REFUSED
         replica.last_error = reason
         log.warning("replica %s refused: %s", replica.label, reason)
@@ -332,7 +330,7 @@ class Router:
                 replica.last_error = f"probe: {type(exc).__name__}: {exc}"
                 continue
             replica.state = HEALTHY
-            replica_state(self.name, replica.label, HEALTHY, COOLING)
+            record_replica_state(self.name, replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)
             self._wake()

@@ -6,7 +6,7 @@ backend = ab.create_backend("pool", replicas=[{"backend": "tgi", "url": "http://
 backend = ab.create_backend("pool", replicas="replicas.toml")               # the same, from a file
 ```
 
-Each attempt goes through `asyncbackends.wrappers.router.Router` (load, cool-downs, probes, failover,
+Each attempt goes through `asyncbackends._wrappers.router.Router` (load, cool-downs, probes, failover,
 affinity), so `gather` stays the one fan-out path: its retries, timeouts, cache and metrics work unchanged.
 
 **One model.** Before the first request the pool reads the model each replica serves (TGI's ``/info``
@@ -43,21 +43,23 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._loop import get_loop_manager
+from .._types import Request
 from ..errors import InvalidRequestError
-from ..loop import get_loop_manager
-from ..types import Request
 from ._routed import RoutedBackend
 from .pool_replicas import (
     common_capabilities,
-    load_replicas_file,
     replica_label,
     replica_model,
     static_identity,
 )
+from .pool_replicas import (
+    load_replicas_file as load_replicas_file,
+)
 from .replica import Replica
 from .router import Router
 
-__all__ = ["PoolBackend", "load_replicas_file", "pool"]
+__all__ = ["PoolBackend", "pool"]
 
 _POOL_KEYS = ("capacity", "label")
 
@@ -167,7 +169,7 @@ class PoolBackend(RoutedBackend):
             raise InvalidRequestError(
                 "replicas must be a non-empty list of {'backend': name, ...} or a file path"
             )
-        from ..registry import acreate_backend
+        from .._registry import acreate_backend
 
         built: list[Any] = []
         capacities: list[int | None] = []
