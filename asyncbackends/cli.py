@@ -148,10 +148,22 @@ def _check_required_options(name: str, options: dict[str, Any]) -> None:
         raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
 
 
-def _open_output(path: str | None) -> TextIO | None:
-    """Open ``--output`` before anything is sent: a path that cannot be written must not cost a run."""
+def _check_output(path: str | None) -> None:
+    """Refuse an ``--output`` that cannot be written before anything starts, without touching the file."""
     if path is None:
-        return None
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidRequestError(f"cannot write --output {path}: Is a directory")
+    folder = target.parent if not target.exists() else target
+    if not folder.exists():
+        raise InvalidRequestError(f"cannot write --output {path}: No such file or directory")
+    if not os.access(folder, os.W_OK):
+        raise InvalidRequestError(f"cannot write --output {path}: Permission denied")
+
+
+def _open_output(path: str) -> TextIO:
+    """Open ``--output`` for writing, once the backend is up: a start that fails keeps the old file."""
     try:
         return open(path, "w", encoding="utf-8")  # closed by _cmd_run
     except OSError as exc:
@@ -200,14 +212,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
     _check_required_options(args.backend, options)
-    output = _open_output(args.output)
+    _check_output(args.output)
     with contextlib.ExitStack() as stack:
-        if output is not None:
-            stack.enter_context(output)
         # Entered before the backend starts, so that an engine's logs (and its child processes') go to
         # stderr: stdout carries results only.
         stdout = stack.enter_context(results_only_stdout(out))
-        sink = output if output is not None else stdout
         try:
             backend = create_backend(args.backend, **options)
         except KeyboardInterrupt:
@@ -217,8 +226,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             _warm_up(backend, requests[0])
         metrics = RunMetrics()
         metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
-        writer = RecordWriter(sink, requests)
         callbacks = stack.enter_context(observed(args, backend, len(requests), metrics))
+        # Opened (truncated) only now that the backend and the metrics server are up: a start that fails
+        # leaves a previous run's results as they were.
+        sink = stack.enter_context(_open_output(args.output)) if args.output is not None else stdout
+        writer = RecordWriter(sink, requests)
         try:
             stream_outcomes(
                 backend,
