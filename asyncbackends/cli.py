@@ -273,6 +273,9 @@ def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
         raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
     from .testing.contract import run_contract
 
+    # Load the adapter first: one that cannot be imported is one line and status 2, not every contract
+    # broken by the same import error.
+    required_options(args.name)
     failing = parse_options(args.failing_option) if args.failing_option else None
     return run_contract(
         args.name,
@@ -283,9 +286,21 @@ def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     )
 
 
+def _import_from_working_folder() -> None:
+    """Let ``module:Class`` name a module in the working folder, as ``python -m asyncbackends`` does.
+
+    The console script's own folder heads ``sys.path`` instead. The working folder goes last, so that a file
+    there cannot shadow an installed package.
+    """
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.append(here)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _import_from_working_folder()
     # Everything after "--" is for pytest (contract only); argparse would mix it with our own options.
     cut = argv.index("--") if "--" in argv else len(argv)
     argv, passed_on = argv[:cut], argv[cut + 1 :]
