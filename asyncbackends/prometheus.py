@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._install import pip_install
 from .errors import InvalidRequestError
 
 __all__ = ["MetricsServer"]
 
-_HINT = "pip install 'asyncbackends[otel]'"
+_HINT = pip_install("otel")
 
 
 class MetricsServer:

