@@ -127,15 +127,11 @@ def _read_requests(path: Path) -> list[Request]:
     return requests
 
 
-def _install_hint(name: str) -> str:
-    return pip_install(name)
-
-
 def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
     for name, target in available_backends().items():
         installed = extra_installed(name)
         state = {True: "installed", None: "entry point / registered"}.get(installed, "not installed")
-        hint = f": {_install_hint(name)}" if installed is False else ""
+        hint = f": {pip_install(name)}" if installed is False else ""
         out.write(f"{name:<12} {target:<52} {state}{hint}\n")
     return 0
 
