@@ -144,18 +144,25 @@ def _check_required_options(name: str, options: dict[str, Any]) -> None:
         raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
 
 
-def _check_output(path: str | None) -> None:
-    """Refuse an ``--output`` that cannot be written before anything starts, without touching the file."""
+def _check_writable(flag: str, path: str | None, *, makes_folders: bool = False) -> None:
+    """Refuse a ``flag`` path that cannot be written, before anything starts and without touching it.
+
+    ``makes_folders``: the path's missing folders are created when it is opened (``--cache``).
+    """
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
-        raise InvalidRequestError(f"cannot write --output {path}: Is a directory")
-    folder = target.parent if not target.exists() else target
+        raise InvalidRequestError(f"cannot write {flag} {path}: Is a directory")
+    folder = target if target.exists() else target.parent
+    while makes_folders and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     if not folder.exists():
-        raise InvalidRequestError(f"cannot write --output {path}: No such file or directory")
+        raise InvalidRequestError(f"cannot write {flag} {path}: No such file or directory")
+    if folder != target and not folder.is_dir():
+        raise InvalidRequestError(f"cannot write {flag} {path}: Not a directory")
     if not os.access(folder, os.W_OK):
-        raise InvalidRequestError(f"cannot write --output {path}: Permission denied")
+        raise InvalidRequestError(f"cannot write {flag} {path}: Permission denied")
 
 
 def _open_output(path: str) -> TextIO:
@@ -208,7 +215,10 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
     _check_required_options(args.backend, options)
-    _check_output(args.output)
+    # Checked before the backend starts: a path that cannot be written must not cost an engine's start-up.
+    _check_writable("--output", args.output)
+    _check_writable("--cache", args.cache, makes_folders=True)
+    _check_writable("--metrics-file", args.metrics_file)
     with contextlib.ExitStack() as stack:
         # Entered before the backend starts, so that an engine's logs (and its child processes') go to
         # stderr: stdout carries results only.

@@ -156,6 +156,18 @@ def test_stdout_carries_results_only_when_the_backend_prints() -> None:
             ],
             "timeout must be > 0 or None, got 'abc'",
         ),
+        (
+            ["run", str(EXAMPLE), "--backend", "mock", "--cache", f"{EXAMPLE}/sub/run.sqlite"],
+            f"cannot write --cache {EXAMPLE}/sub/run.sqlite: Not a directory",
+        ),
+        (
+            ["run", str(EXAMPLE), "--backend", "mock", "--metrics-file", f"{EXAMPLE}/run.jsonl"],
+            f"cannot write --metrics-file {EXAMPLE}/run.jsonl: Not a directory",
+        ),
+        (
+            ["run", str(EXAMPLE), "--backend", "mock", "--output", str(EXAMPLE.parent)],
+            f"cannot write --output {EXAMPLE.parent}: Is a directory",
+        ),
     ],
 )
 def test_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
