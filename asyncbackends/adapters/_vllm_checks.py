@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .._install import pip_install
+from .._registry import check_options
 from ..errors import BackendNotFoundError, InvalidRequestError
-from ..registry import check_options
 
 __all__ = ["CPU_KV_CACHE_BYTES", "INSTALL_HINT", "check_before_import", "engine_defaults", "import_vllm"]
 

@@ -18,7 +18,18 @@ import random
 from collections import Counter
 from typing import Literal
 
+from .._capabilities import refuse_unsupported
 from .._field_checks import is_int, is_number
+from .._protocol import BaseBackend
+from .._types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+)
 from ..errors import (
     BackendBrokenError,
     BackendError,
@@ -28,18 +39,7 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from ..protocol import BaseBackend
-from ..types import (
-    Capabilities,
-    Completion,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    RollingLoglikelihoodRequest,
-)
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
-from ._sampling import refuse_unsupported
 
 __all__ = ["MockBackend"]
 

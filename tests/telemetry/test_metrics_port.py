@@ -25,7 +25,7 @@ pytest.importorskip(
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncbackends as ab
-from asyncbackends import cli
+from asyncbackends._cli import main as cli
 
 from . import gated
 from .conftest import reset_globals
@@ -168,8 +168,8 @@ def busy_port() -> Iterator[int]:
 
 
 def test_a_busy_port_changes_nothing_and_a_later_try_works(busy_port: int) -> None:
-    from asyncbackends.prometheus import MetricsServer
-    from asyncbackends.telemetry import _meter_provider
+    from asyncbackends._observability.prometheus import MetricsServer
+    from asyncbackends._observability.telemetry import _meter_provider
 
     reset_globals()
     try:

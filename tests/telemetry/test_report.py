@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends import cli
-from asyncbackends.observe import note_replica
-from asyncbackends.report import _latency_bins, load_run, render_report
-from asyncbackends.runlog import RunLog
+from asyncbackends._cli import main as cli
+from asyncbackends._observability.observe import note_replica
+from asyncbackends._observability.report import _latency_bins, load_run, render_report
+from asyncbackends._observability.runlog import RunLog
 
 
 def write_input(path: Path, count: int) -> None:
@@ -126,7 +126,7 @@ def test_equal_latencies_fill_one_column() -> None:
 
 
 def test_the_report_draws_close_latencies_in_many_columns() -> None:
-    from asyncbackends.report import RunData
+    from asyncbackends._observability.report import RunData
 
     latencies = [0.1999 + i * (0.2040 - 0.1999) / 99 for i in range(100)]
     requests = [{"t": 0.01 * i, "latency_s": value} for i, value in enumerate(latencies)]

@@ -37,26 +37,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from ._cli_args import build_parser
-from ._cli_observability import cmd_report, observed
-from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
-from ._install import pip_install
-from ._parse import parse_option_value, parse_options
-from .cache import ResponseCache
-from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
-from .gather import RetryPolicy, run_batch
-from .loop import get_loop_manager
-from .metrics import RunMetrics
-from .registry import available_backends, create_backend, extra_installed, required_options
-from .types import (
+from .._cache import ResponseCache
+from .._gather import RetryPolicy, run_batch
+from .._install import pip_install
+from .._loop import get_loop_manager
+from .._observability.run_metrics import RunMetrics
+from .._parse import parse_option_value as parse_option_value
+from .._parse import parse_options as parse_options
+from .._registry import available_backends, create_backend, extra_installed, required_options
+from .._types import (
     GenerationRequest,
     LoglikelihoodRequest,
     Request,
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
+from .args import build_parser
+from .observability import cmd_report, observed
+from .output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 
-__all__ = ["main", "parse_option_value", "parse_options", "parse_request"]
+__all__ = ["main", "parse_request"]
 
 _MAX_REPORTED = 20
 
@@ -277,7 +278,7 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     if importlib.util.find_spec("pytest") is None:
         raise BackendNotFoundError(f"the contract suite runs on pytest: {pip_install('testing')}")
-    from .testing.contract import run_contract
+    from ..testing.contract import run_contract
 
     # Load the adapter first: one that cannot be imported is one line and status 2, not every contract
     # broken by the same import error.

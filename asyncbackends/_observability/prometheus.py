@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._install import pip_install
-from .errors import InvalidRequestError
+from .._install import pip_install
+from ..errors import InvalidRequestError
 
 __all__ = ["MetricsServer"]
 
