@@ -295,6 +295,7 @@ async def as_completed(
 
     run = Run(backend, sequence, options, put, watch(backend, options))
     task = asyncio.ensure_future(manager.arun(run.run()))
+    getter: asyncio.Future[tuple[int, Any]] | None = None
     try:
         for _ in range(len(sequence)):
             if queue.empty():
@@ -311,6 +312,10 @@ async def as_completed(
                 yield queue.get_nowait()
         await task
     finally:
+        # Cancelled while waiting (Ctrl-C on the CLI): the getter would otherwise stay pending on a loop that
+        # does not sweep up tasks, and be reported as "Task was destroyed but it is pending!" when collected.
+        if getter is not None and not getter.done():
+            getter.cancel()
         if not task.done():
             task.cancel()
             await asyncio.wait([task])

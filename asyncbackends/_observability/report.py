@@ -8,6 +8,7 @@ and errors by reason, and a line per replica where the backend was a pool.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -101,19 +102,40 @@ def _throughput(data: RunData) -> str:
     return chart
 
 
+def _latency_bins(latencies: list[float], bins: int = 30) -> tuple[list[str], list[float], str]:
+    """Labels, counts and unit of the latency histogram: ``bins`` equal columns from the fastest to p99.
+
+    The columns span the observed range rather than start at zero, so latencies close together (all
+    between 199.9 and 204.0 ms) spread over the columns instead of filling one. Latencies above p99 get
+    one more column, labelled ``> p99``, only when there are any.
+    """
+    low, high = min(latencies), _quantile(latencies, 0.99) or 0.0
+    if high <= low:  # every latency equal (p99 is the fastest): one narrow column holds them all
+        high = low + max(abs(low) * 1e-3, 1e-9)
+    width = (high - low) / bins
+    counts = [0.0] * bins
+    above = 0
+    for value in latencies:
+        if value > high:
+            above += 1
+        else:
+            counts[min(bins - 1, int((value - low) / width))] += 1
+    scale, unit = (1000.0, "ms") if high < 1 else (1.0, "s")
+    # Enough decimals to tell neighbouring columns apart (0.14 ms wide columns need two).
+    decimals = min(6, max(0, 1 - math.floor(math.log10(width * scale))))
+    labels = [f"{(low + (i + 0.5) * width) * scale:.{decimals}f}" for i in range(bins)]
+    if above:
+        labels.append(f"> {high * scale:.{decimals}f}")
+        counts.append(float(above))
+    return labels, counts, unit
+
+
 def _latency_histogram(latencies: list[float]) -> str:
     if not latencies:
         return '<p class="none">no request was sent (all from the cache)</p>'
-    high = _quantile(latencies, 0.99) or 0.0
-    high = high if high > 0 else max(latencies) or 1e-3
-    bins = 30
-    width = high / bins
-    counts = [0.0] * bins
-    for value in latencies:
-        counts[min(bins - 1, int(value / width))] += 1
-    scale, unit = (1000.0, "ms") if high < 1 else (1.0, "s")
-    labels = [f"{(i + 0.5) * width * scale:.3g}" for i in range(bins)]
-    x_label = f"latency ({unit}; the last column holds everything above p99)"
+    labels, counts, unit = _latency_bins(latencies)
+    tail = "; the last column holds everything above p99" if labels[-1].startswith(">") else ""
+    x_label = f"latency ({unit}, from the fastest to p99{tail})"
     return column_chart(labels, [("requests", counts)], y_label="requests", x_label=x_label)
 
 

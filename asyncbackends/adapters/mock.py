@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Literal
 
 from .._capabilities import refuse_unsupported
+from .._field_checks import is_int, is_number
 from .._protocol import BaseBackend
 from .._types import (
     Capabilities,
@@ -94,6 +95,22 @@ class MockBackend(BaseBackend):
         max_concurrency: int | None = None,
         model: str = "mock-echo",
     ) -> None:
+        # Options may come from the command line as text: a wrong type is a clear error, not a TypeError.
+        numbers: dict[str, float | None] = {
+            "latency": latency,
+            "jitter": jitter,
+            "failure_rate": failure_rate,
+            "retry_after": retry_after,
+        }
+        integers: dict[str, int | None] = {
+            "fail_attempts": fail_attempts,
+            "seed": seed,
+            "max_concurrency": max_concurrency,
+        }
+        for kind, check, values in (("a number", is_number, numbers), ("an integer", is_int, integers)):
+            for option, value in values.items():
+                if not check(value) and not (value is None and option in ("retry_after", "max_concurrency")):
+                    raise InvalidRequestError(f"mock option {option} must be {kind}, got {value!r}")
         if latency < 0 or jitter < 0:
             raise InvalidRequestError("latency and jitter must be >= 0")
         if not 0 <= failure_rate <= 1:

@@ -24,6 +24,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from asyncbackends._install import pip_install
+
 try:
     from lighteval.models.abstract_model import LightevalModel
     from lighteval.models.custom.custom_model import CustomModelConfig
@@ -35,7 +37,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise ModuleNotFoundError(
         f"asyncbackends.integrations.lighteval needs lighteval ({exc.name!r} is missing): "
-        "pip install 'asyncbackends[lighteval]'",
+        + pip_install("lighteval"),
         name=exc.name,
     ) from exc
 

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._install import pip_install
+
 try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import model_registry
@@ -25,7 +27,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise ModuleNotFoundError(
         f"asyncbackends.integrations.lm_eval needs lm-eval ({exc.name!r} is missing): "
-        "pip install 'asyncbackends[lm-eval]'",
+        + pip_install("lm-eval"),
         name=exc.name,
     ) from exc
 

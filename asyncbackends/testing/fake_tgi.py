@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .._install import pip_install
 from ..adapters._minimal_match import NoMatchError
 
 # Every request and response is checked against TGI's OpenAPI schema, which needs jsonschema: without it,
@@ -39,7 +40,7 @@ from ..adapters._minimal_match import NoMatchError
 if importlib.util.find_spec("jsonschema") is None:
     raise ModuleNotFoundError(
         "the look-alike TGI server checks requests against TGI's OpenAPI schema and needs jsonschema: "
-        "pip install 'asyncbackends[testing]'",
+        + pip_install("testing"),
         name="jsonschema",
     )
 

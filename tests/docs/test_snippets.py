@@ -1,7 +1,8 @@
 """Every ```python block of README.md and the docs pages runs, so the docs cannot drift from the code.
 
-A page's blocks run in order in one namespace (a later block may use an earlier one's names), as
-``__main__`` (so ``if __name__ == "__main__":`` guards run), in a temporary directory. A block that cannot
+Each block runs alone, as a reader who pastes just that block would run it: in a fresh namespace and a
+fresh temporary directory of its own (a block must not need an earlier block's names or files), as
+``__main__`` (so ``if __name__ == "__main__":`` guards run). A block that cannot
 run here says so where readers see it, on the line before the block::
 
     <!-- not-run: the reason -->
@@ -140,16 +141,19 @@ def test_page_snippets_run(
         if importlib.util.find_spec("vllm") is None:
             pytest.skip("the page's snippets need vllm")
         request.getfixturevalue("shared_vllm")
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "__main__"}
     for block in runnable:
         where = f"{page.relative_to(ROOT)}:{block.line}"
+        folder = tmp_path / f"line{block.line}"
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        namespace: dict[str, Any] = {"__name__": "__main__"}  # fresh: pasted alone, the block must run
         try:
             exec(compile(block.code, where, "exec"), namespace)
         except Exception as exc:
             raise AssertionError(
                 f"the ```python block at {where} failed: {type(exc).__name__}: {exc}"
             ) from exc
-    del namespace
+        finally:
+            del namespace
     # Collected here, a session or engine a page's snippets leave open fails that page, not a later test.
     gc.collect()

@@ -220,6 +220,58 @@ def test_a_second_driver_joins_through_ray_address_and_leaves_the_cluster_runnin
     assert ray.cluster_resources()["CPU"] == 2  # still ours, still up
 
 
+NOISE = "INFO a child process inherits stdout"  # the last line NoisyBackend writes, from a child process
+
+SCRIPT_WITH_NOISY_ACTORS = f"""
+import io, sys, time
+import asyncbackends as ab
+
+
+class Seen(io.TextIOBase):
+    def __init__(self, stream):
+        self.stream, self.text = stream, ""
+
+    def write(self, text):
+        self.text += text
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
+runtime_env = {{"env_vars": {{"PYTHONPATH": {str(ROOT)!r}}}}}
+b = ab.create_backend(
+    "ray", backend="tests.core.cli_noisy_backend:NoisyBackend", replicas=1,
+    actor_options={{"num_cpus": 0.1, "runtime_env": runtime_env}},
+)
+answer = ab.run_batch(b, [ab.GenerationRequest("the answer")])[0].text
+deadline = time.monotonic() + 120
+while {NOISE!r} not in sys.stdout.text + sys.stderr.text and time.monotonic() < deadline:
+    time.sleep(0.1)  # wait until Ray has forwarded the actor's output
+b.close()
+print(answer)
+"""
+
+
+def test_a_script_s_stdout_holds_only_its_own_output(ray_cluster: Any) -> None:
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT_WITH_NOISY_ACTORS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["the answer"], out.stdout[-3000:]
+    # The actor's output reached the driver, on stderr (print, file descriptor 1 and a child process).
+    assert NOISE in out.stderr and "INFO a log line written to file descriptor 1" in out.stderr
+
+
 def test_importing_asyncbackends_imports_no_ray() -> None:
     code = "import sys, asyncbackends; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

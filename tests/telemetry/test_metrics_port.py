@@ -4,9 +4,11 @@ and scraped by a real Prometheus server where the binary is installed (Debian's 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -28,6 +30,7 @@ from asyncbackends._cli import main as cli
 from . import gated
 from .conftest import reset_globals
 
+ROOT = Path(__file__).parents[2]
 FAST = 4
 HELD = 3
 
@@ -153,3 +156,51 @@ def test_a_real_prometheus_server_scrapes_the_run(
     gated.GATE.opened.set()
     thread.join(60)
     assert status == [0]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket is listening on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_busy_port_changes_nothing_and_a_later_try_works(busy_port: int) -> None:
+    from asyncbackends._observability.prometheus import MetricsServer
+    from asyncbackends._observability.telemetry import _meter_provider
+
+    reset_globals()
+    try:
+        with pytest.raises(ab.InvalidRequestError, match=f"cannot serve metrics on 127.0.0.1:{busy_port}: "):
+            MetricsServer(busy_port)
+        assert _meter_provider() is None  # nothing was installed that could not be taken back
+        server = MetricsServer(0)
+        try:
+            assert server.port != busy_port
+            assert _meter_provider() is server._provider
+        finally:
+            server.close()
+    finally:
+        reset_globals()
+
+
+def test_a_busy_port_is_one_line_exit_2_and_keeps_the_output(busy_port: int, tmp_path: Path) -> None:
+    output = tmp_path / "out.jsonl"
+    output.write_text("a previous run's results\n")
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "hi"}\n')
+    argv = ["run", str(source), "--backend", "mock", "--output", str(output)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncbackends", *argv, "--metrics-port", str(busy_port), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"asyncbackends run: cannot serve metrics on 127.0.0.1:{busy_port}: " + (
+        "Address already in use (--metrics-port 0 picks a free one)\n"
+    )
+    assert output.read_text() == "a previous run's results\n"

