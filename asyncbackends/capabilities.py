@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling import SamplingParams
+from .sampling import OPTIONAL_SAMPLING_PARAMS, SamplingParams
 
 __all__ = ["Capabilities"]
 
@@ -56,4 +56,9 @@ class Capabilities:
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""
-        return tuple(name for name in params.optional_params() if not getattr(self, name))
+        # One pass over the names, no dict of the set values: every adapter calls this once per request.
+        return tuple(
+            name
+            for name in OPTIONAL_SAMPLING_PARAMS
+            if getattr(params, name) is not None and not getattr(self, name)
+        )
