@@ -190,8 +190,8 @@ def test_a_free_slot_is_taken_without_pausing_the_clock() -> None:
         async with held_slot(slots):
             assert clock.deadline == deadline and clock.held == 1
             waiting = asyncio.get_running_loop().create_task(held_slot(slots).__aenter__())
-            while clock.waiting == 0:  # the second taker queues behind the first
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one turn of the loop: the task runs up to its wait for the slot
+            assert clock.waiting == 1  # the second taker queues behind the first
             assert clock.deadline == deadline  # a part holds a slot: the clock runs on
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
@@ -200,8 +200,8 @@ def test_a_free_slot_is_taken_without_pausing_the_clock() -> None:
 
         only = asyncio.Semaphore(0)
         task = asyncio.get_running_loop().create_task(held_slot(only).__aenter__())
-        while clock.waiting == 0:
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert clock.waiting == 1
         assert clock.deadline == float("inf")  # waiting and holding nothing: paused
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
