@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.abc import backend_fingerprint
 from asyncbackends.adapters._checkpoint import checkpoint_identity
-from asyncbackends.cache import backend_fingerprint
 
 # The first test to use the session engine also waits for its start-up (minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
