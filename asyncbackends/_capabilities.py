@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._sampling_params import SamplingParams
+from ._sampling_params import OPTIONAL_SAMPLING_PARAMS, SamplingParams
 from .errors import RequestRejectedError
 
 __all__ = ["Capabilities", "refuse_unsupported"]
@@ -63,7 +63,12 @@ class Capabilities:
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""
-        return tuple(name for name in params.optional_params() if not getattr(self, name))
+        # One pass over the names, no dict of the set values: every adapter calls this once per request.
+        return tuple(
+            name
+            for name in OPTIONAL_SAMPLING_PARAMS
+            if getattr(params, name) is not None and not getattr(self, name)
+        )
 
 
 def refuse_unsupported(

@@ -94,12 +94,13 @@ def main() -> None:
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     bare = statistics.median(r["seconds"] for r in runs["bare"])
     print(f"{args.n} requests to an instant backend, median of {args.rounds} interleaved rounds\n")
-    print("| mode | us/request | throughput vs bare gather | peak RSS growth (MB) |")
-    print("|---|---|---|---|")
+    print("| mode | us/request | vs bare gather | peak RSS growth (MB) | us/request, every process |")
+    print("|---|---|---|---|---|")
     for mode in MODES:
         seconds = statistics.median(r["seconds"] for r in runs[mode])
         rss = statistics.median(r["rss_growth_mb"] for r in runs[mode])
-        print(f"| {mode} | {seconds / args.n * 1e6:.1f} | {bare / seconds:.2f}x | {rss:.0f} |")
+        each = ", ".join(f"{r['seconds'] / args.n * 1e6:.1f}" for r in runs[mode])
+        print(f"| {mode} | {seconds / args.n * 1e6:.1f} | {bare / seconds:.2f}x | {rss:.0f} | {each} |")
 
 
 if __name__ == "__main__":

@@ -226,6 +226,13 @@ def main() -> None:
         ratio = f"{med / ceiling:.2f}x" if ceiling else "-"
         all_runs = ", ".join(f"{r:.0f}" for r in runs[name])
         print(f"| {name} | {med:.0f} | {all_runs} | {ratio} |")
+    if "bare" in runs:
+        # Each round ran every contender once, back to back: the ratio within a round is the least noisy.
+        print("\nper round, vs that round's bare aiohttp process:")
+        for name in CONTENDERS:
+            if name in runs and name != "bare":
+                pairs = ", ".join(f"{r / b:.2f}" for r, b in zip(runs[name], runs["bare"], strict=True))
+                print(f"- {name}: {pairs}")
 
 
 if __name__ == "__main__":

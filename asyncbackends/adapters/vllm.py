@@ -45,6 +45,7 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
+from ._checkpoint import checkpoint_fields
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
@@ -110,6 +111,7 @@ class VLLMBackend(BaseBackend):
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
         # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
         self._engine_args = {k: v for k, v in (engine_args or {}).items() if k in _FINGERPRINT_OPTIONS}
+        self._checkpoint = checkpoint_fields(model, engine_args or {})  # retrained in place: other keys
         self.max_model_len: int = engine.model_config.max_model_len
         self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
         tokenizer = engine.get_tokenizer()
@@ -198,7 +200,7 @@ class VLLMBackend(BaseBackend):
 
     @property
     def fingerprint(self) -> dict[str, Any]:
-        """The model and the engine options that change outputs, for the response cache."""
+        """The model (a local checkpoint by its files too), and the engine options that change outputs."""
         fingerprint: dict[str, Any] = {
             "name": self.name,
             "model": self.model,
@@ -209,7 +211,7 @@ class VLLMBackend(BaseBackend):
         for option in _FINGERPRINT_OPTIONS:
             if option in self._engine_args:
                 fingerprint[option] = self._engine_args[option]
-        return fingerprint
+        return {**fingerprint, **self._checkpoint}
 
     @property
     def engine(self) -> AsyncLLM:

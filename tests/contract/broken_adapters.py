@@ -140,6 +140,18 @@ class RepeatedSampleBackend(MockBackend):
         return dataclasses.replace(result, completions=result.completions[:1] * len(result.completions))
 
 
+class SeededCopiesBackend(MockBackend):
+    """Samples independently without a seed, but with one gives every sample that same seed: n copies."""
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        params = request.params
+        if params.seed is None or params.n < 2:
+            return await super().generate(request)
+        one = dataclasses.replace(request, params=dataclasses.replace(params, n=1))
+        result = await super().generate(one)
+        return dataclasses.replace(result, completions=result.completions * params.n)
+
+
 class SecretInErrorBackend(MockBackend):
     """Holds its key in ab.Secret, but chains it into a transport error and logs it on refusals."""
 

@@ -95,6 +95,10 @@ class TestRepeatedSample(_Broken):
     target = "broken_adapters:RepeatedSampleBackend"
 
 
+class TestSeededCopies(_Broken):
+    target = "broken_adapters:SeededCopiesBackend"
+
+
 class TestSecretInError(_Broken):
     target = "broken_adapters:SecretInErrorBackend"
     options: ClassVar[dict[str, Any]] = {"api_key": SECRET}

@@ -54,6 +54,12 @@ EXPECTED_FAILURES = {
         "all 6 samples were identical",
         "draw each sample independently",
     ],
+    ("TestRepeatedSample", "test_seeded_n_samples_vary"): ["with seed=1234", "all 6 samples were identical"],
+    ("TestSeededCopies", "test_seeded_n_samples_vary"): [
+        "at temperature=1.0 with seed=1234, and for every one of",
+        "all 6 samples were identical",
+        "a seed per sample, seed + i",
+    ],
     ("TestSecretInError", "test_no_secret_in_errors_or_logs"): [
         "generate on failing_backend: __cause__ ConnectionError str",
         "while driving errors: log record 'broken_adapters' WARNING",
@@ -157,3 +163,13 @@ def test_pinned_contract_version_skips_newer_contracts(
     assert outcome == "skipped"
     assert "added in contract version 2; this class pins contract_version = 1" in message
     assert outcomes[("TestPinnedToVersion1", "test_n_completions_exactly")][0] == "passed"
+    outcome, message = outcomes[("TestPinnedToVersion1", "test_seeded_n_samples_vary")]
+    assert outcome == "skipped"
+    assert "added in contract version 3; this class pins contract_version = 1" in message
+
+
+@pytest.mark.slow
+def test_seeded_copies_pass_the_unseeded_check(outcomes: dict[tuple[str, str], tuple[str, str]]) -> None:
+    # Without a seed its samples differ: only the seeded check can catch it.
+    assert outcomes[("TestSeededCopies", "test_n_samples_vary")][0] == "passed"
+    assert outcomes[("TestSeededCopies", "test_seeded_sampling_reproducible")][0] == "passed"

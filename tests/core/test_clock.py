@@ -175,3 +175,38 @@ def test_a_worker_still_waiting_for_the_rate_limit_does_not_stop_the_deadlines()
     )
     assert isinstance(outcomes[0], ab.BackendTimeoutError)
     assert isinstance(outcomes[1], ab.GenerationResult)
+
+
+def test_a_free_slot_is_taken_without_pausing_the_clock() -> None:
+    # held_slot is entered once per HTTP exchange: a free slot costs no pause and resume, so the attempt's
+    # deadline stays exactly where it was; only a real wait stands the clock still.
+    from asyncbackends._clock import AttemptClock
+
+    async def main() -> None:
+        clock = AttemptClock()
+        clock.start(10.0)
+        deadline = clock.deadline
+        slots = asyncio.Semaphore(1)
+        async with held_slot(slots):
+            assert clock.deadline == deadline and clock.held == 1
+            waiting = asyncio.get_running_loop().create_task(held_slot(slots).__aenter__())
+            await asyncio.sleep(0)  # one turn of the loop: the task runs up to its wait for the slot
+            assert clock.waiting == 1  # the second taker queues behind the first
+            assert clock.deadline == deadline  # a part holds a slot: the clock runs on
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            assert clock.waiting == 0 and clock.held == 1
+        assert clock.held == 0 and not slots.locked()
+
+        only = asyncio.Semaphore(0)
+        task = asyncio.get_running_loop().create_task(held_slot(only).__aenter__())
+        await asyncio.sleep(0)
+        assert clock.waiting == 1
+        assert clock.deadline == float("inf")  # waiting and holding nothing: paused
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert clock.waiting == 0 and clock.held == 0
+        assert deadline - 0.5 < clock.deadline < float("inf")  # running again after the abandoned wait
+        clock.stop()
+
+    asyncio.run(main())

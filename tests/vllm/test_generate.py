@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.abc import backend_fingerprint
+from asyncbackends.adapters._checkpoint import checkpoint_identity
 
 # The first test to use the session engine also waits for its start-up (minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
@@ -251,6 +253,10 @@ def test_fingerprint_names_the_model_and_settings(backend: Any, tiny_model: str)
     assert fingerprint["model"] == tiny_model
     assert fingerprint["dtype"] == "float32"
     assert fingerprint["max_model_len"] == 512
+    # A local checkpoint is named by its files too (its path alone gave stale hits once retrained in place).
+    assert fingerprint["checkpoint"] == checkpoint_identity(tiny_model)
+    assert backend_fingerprint(backend)["checkpoint"] == fingerprint["checkpoint"]
+    assert "tokenizer_checkpoint" not in fingerprint
     caps = backend.capabilities
     assert (
         caps.loglikelihood and caps.rolling_loglikelihood and caps.n_samples and caps.chat and caps.token_ids

@@ -38,7 +38,7 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 """The suite's version: raised by one whenever a contract test is added or made stricter.
 
 Pin it (``contract_version = 1`` on your test class) to run only the contracts of that version and older:
@@ -167,7 +167,7 @@ class ContractBase:
     loop_stalls_allowed: ClassVar[int] = 2
     """Stalls over the threshold tolerated per probe batch (a loaded machine preempts the loop thread)."""
     varied_samples: ClassVar[int] = 6
-    """Samples asked per prompt at temperature 1 by the check that samples are not copies of one."""
+    """Samples asked per prompt at temperature 1 by the checks that samples are not copies of one."""
     contract_version: ClassVar[int | None] = None
     """Run only the contract tests of this suite version and older (`CONTRACT_VERSION`); None runs all."""
 

@@ -156,11 +156,26 @@ class GenerationContract(ContractBase):
     def test_n_samples_vary(self, backend: AsyncBackend, prompts: Sequence[str]) -> None:
         """``n`` samples at temperature 1 are drawn independently: not one sample repeated ``n`` times."""
         self.require(backend, "n_samples")
+        self._check_samples_vary(backend, prompts, seed=None)
+
+    @added_in(3)
+    def test_seeded_n_samples_vary(self, backend: AsyncBackend, prompts: Sequence[str]) -> None:
+        """With a seed, ``n`` samples still differ: the seed fixes the set of samples, not one sample n times.
+
+        Engines derive one seed per sample (vLLM and TGI use ``seed + i``); an adapter that hands the same
+        seed to every sample returns n copies of one, which the unseeded check cannot see.
+        """
+        self.require(backend, "n_samples")
+        self.require(backend, "seed")
+        self._check_samples_vary(backend, prompts, seed=1234)
+
+    def _check_samples_vary(self, backend: AsyncBackend, prompts: Sequence[str], seed: int | None) -> None:
         n, budget = self.varied_samples, max(16, self.max_tokens)
-        params = SamplingParams(max_tokens=budget, temperature=1.0, n=n)
+        params = SamplingParams(max_tokens=budget, temperature=1.0, n=n, seed=seed)
         seen: list[str] = []
         for index, prompt in enumerate(prompts):
-            result = self.generate(backend, prompt, request_id=f"vary-{index}", **_fields(params))
+            rid = f"vary-{index}" if seed is None else f"vary-seeded-{index}"
+            result = self.generate(backend, prompt, request_id=rid, **_fields(params))
             if len(result.completions) < 2:
                 pytest.skip(f"n={n} gave {len(result.completions)} completion(s): test_n_completions_exactly")
             samples = {(c.text, tuple(c.token_ids)) for c in result.completions}
@@ -169,8 +184,8 @@ class GenerationContract(ContractBase):
             seen.append(f"{prompt!r} -> {n} x {result.completions[0].text!r}")
         expect(
             False,
-            f"asked for n={n} samples of up to {budget} tokens at temperature=1.0, and for every one of "
-            f"{len(prompts)} prompts all {n} samples were identical:\n  "
+            f"asked for n={n} samples of up to {budget} tokens at temperature=1.0 with seed={seed}, and for "
+            f"every one of {len(prompts)} prompts all {n} samples were identical:\n  "
             + "\n  ".join(seen)
             + "\ndraw each sample independently (a seed per sample, seed + i where the engine takes one "
             "seed), never copy one sample n times. A correct engine trips this only if it gives the "
