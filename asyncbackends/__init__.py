@@ -10,6 +10,7 @@ results = ab.run_batch(backend, [ab.GenerationRequest("Hello")], progress=True)
 Importing this package imports no engine: adapters import theirs when they are built.
 """
 
+from .adaptive import AdaptiveConcurrency
 from .cache import ResponseCache
 from .callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
 from .errors import (
@@ -51,6 +52,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "AdaptiveConcurrency",
     "AsyncBackend",
     "AsyncBackendsError",
     "AuthenticationError",

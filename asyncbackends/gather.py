@@ -21,7 +21,14 @@ from .errors import AsyncBackendsError, InvalidRequestError
 from .loop import get_loop_manager
 from .metrics import RunMetrics
 from .observe import RunObserver, watch
-from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions, refuse_unknown_options
+from .options import (
+    DEFAULT_CONCURRENCY,
+    Concurrency,
+    RateLimit,
+    RetryPolicy,
+    RunOptions,
+    refuse_unknown_options,
+)
 from .protocol import AsyncBackend
 from .types import Request, Result
 
@@ -61,7 +68,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -76,7 +83,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -90,7 +97,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,
@@ -112,7 +119,9 @@ async def gather(
         requests: `GenerationRequest`, `LoglikelihoodRequest` and `RollingLoglikelihoodRequest` objects,
             mixed freely: each goes to the matching backend method.
         concurrency: Most requests in flight; ``None`` takes ``backend.capabilities.max_concurrency``, else
-            `DEFAULT_CONCURRENCY`.
+            `DEFAULT_CONCURRENCY`; ``"adaptive"`` (or an `AdaptiveConcurrency` for its settings) lowers the
+            limit on rate-limit and overload answers, raises it on clean rounds and holds it when queueing
+            delay grows.
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
         timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
         rate_limit: Client-side request and token rate limits.
@@ -153,7 +162,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -168,7 +177,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -182,7 +191,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,
@@ -223,7 +232,7 @@ def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -238,7 +247,7 @@ def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -252,7 +261,7 @@ async def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,
