@@ -8,8 +8,8 @@ import time
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adaptive import MIN_ROUND, AdaptiveLimiter, Ticket
-from asyncbackends.options import RunOptions
+from asyncbackends._adaptive import MIN_ROUND, AdaptiveLimiter, Ticket
+from asyncbackends._options import RunOptions
 
 
 def requests(n: int) -> list[ab.GenerationRequest]:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .adaptive import AdaptiveConcurrency
-from .cache import ResponseCache
-from .callbacks import RunCallbacks
+from ._adaptive import AdaptiveConcurrency
+from ._cache import ResponseCache
+from ._observability.callbacks import RunCallbacks
+from ._observability.run_metrics import RunMetrics
 from .errors import InvalidRequestError, RateLimitedError
-from .metrics import RunMetrics
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -138,7 +138,7 @@ class RunOptions:
     Args:
         concurrency: Most requests in flight; ``None`` takes the backend's ``capabilities.max_concurrency``,
             else `DEFAULT_CONCURRENCY`; ``"adaptive"`` or an `AdaptiveConcurrency` finds the server's
-            capacity as the run goes (`asyncbackends.adaptive`).
+            capacity as the run goes (`asyncbackends._adaptive`).
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
         timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
         rate_limit: Client-side request and token rate limits, for this run alone.

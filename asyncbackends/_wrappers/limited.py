@@ -15,13 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from .._adaptive import AdaptiveLimiter
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
-from ..adaptive import AdaptiveLimiter
-from ..errors import InvalidRequestError
-from ..options import Concurrency, RateLimit, adaptive_settings
-from ..protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
-from ..types import (
+from .._options import Concurrency, RateLimit, adaptive_settings
+from .._protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
+from .._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -30,6 +29,7 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
+from ..errors import InvalidRequestError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 
