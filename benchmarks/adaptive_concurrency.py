@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--client", nargs=3, metavar=("URL", "SETTING", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--latency", type=float, default=0.02)
-    parser.add_argument("--capacities", type=int, nargs="+", default=[8, 24, 96])
+    parser.add_argument("--capacities", type=int, nargs="+", default=[24, 8, 96])
     parser.add_argument("--modes", nargs="+", default=["refuse", "queue"], choices=["refuse", "queue"])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
     parser.add_argument("--json", help="write every figure here")
@@ -181,8 +181,8 @@ def main() -> None:
         return
     report: dict[str, list[dict[str, Any]]] = {}
     verdicts: list[str] = []
-    for mode in args.modes:
-        for capacity in args.capacities:
+    for capacity in args.capacities:  # capacity first: a cut-short run still has whole servers
+        for mode in args.modes:
             proc, url = serve(mode, capacity, args.latency)
             try:
                 rows = [run_setting(url, setting, args.requests) for setting in args.settings]
@@ -193,10 +193,11 @@ def main() -> None:
             print(f"\n### {mode}, capacity {capacity}\n\n{table(rows)}", flush=True)
             if "adaptive" in args.settings:
                 verdicts += checks(mode, capacity, rows)
+                print(verdicts[-1], flush=True)
+            if args.json:  # after every server, so a cut-short run keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=1)
     print("\n" + "\n".join(verdicts))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
