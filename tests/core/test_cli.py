@@ -238,3 +238,17 @@ def test_ctrl_c_keeps_finished_results_and_a_cached_rerun_resumes(tmp_path: Path
     assert main(args) == 0
     assert len(output.read_text().splitlines()) == 400
     assert ab_cache_entries(cache) == 400
+
+
+def test_run_takes_adaptive_concurrency_and_refuses_other_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "out.jsonl"
+    code = main(
+        ["run", str(EXAMPLE), "--backend", "mock", "--concurrency", "adaptive", "--output", str(output)]
+    )
+    assert code == 0
+    assert len(output.read_text().splitlines()) == len(EXAMPLE.read_text().splitlines())
+    with pytest.raises(SystemExit):
+        main(["run", str(EXAMPLE), "--backend", "mock", "--concurrency", "auto"])
+    assert "expected a number or 'adaptive', got 'auto'" in capsys.readouterr().err
