@@ -346,3 +346,22 @@ def test_limited_refuses_a_bad_concurrency_naming_adaptive() -> None:
         ab.limited(ab.create_backend("mock"), concurrency="auto")  # type: ignore[arg-type]
     settings = ab.AdaptiveConcurrency(initial=2)
     assert ab.limited(ab.create_backend("mock"), concurrency=settings).concurrency is settings
+
+
+def test_as_completed_takes_adaptive_too() -> None:
+    server = Refusing(capacity=4, service=0.001)
+
+    async def main() -> list[int]:
+        seen = []
+        async for index, result in ab.as_completed(
+            server,
+            requests(50),
+            concurrency="adaptive",
+            retry=ab.RetryPolicy(max_attempts=20, initial_delay=0),
+        ):
+            assert isinstance(result, ab.GenerationResult) and result.request_id == f"p{index}"
+            seen.append(index)
+        return seen
+
+    assert sorted(asyncio.run(main())) == list(range(50))
+    assert server.served == 50 and server.max_in_flight == 4 and server.refusals >= 1
