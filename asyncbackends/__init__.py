@@ -12,6 +12,7 @@ Importing this package imports no engine: adapters import theirs when they are b
 underscore are private.
 """
 
+from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
 from ._gather import as_completed, gather, run_batch
 from ._loop import LoopManager, get_loop_manager
@@ -55,6 +56,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "AdaptiveConcurrency",
     "AsyncBackend",
     "AsyncBackendsError",
     "AuthenticationError",

@@ -21,10 +21,10 @@ from ._observability.observe import RunObserver
 from ._observability.observers import watch
 from ._observability.run_metrics import RunMetrics
 from ._options import DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY
+from ._options import Concurrency, refuse_unknown_options
 from ._options import RateLimit as RateLimit
 from ._options import RetryPolicy as RetryPolicy
 from ._options import RunOptions as RunOptions
-from ._options import refuse_unknown_options
 from ._protocol import AsyncBackend
 from ._run import Outcome, Run
 from ._types import Request, Result
@@ -58,7 +58,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -73,7 +73,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -87,7 +87,7 @@ async def gather(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,
@@ -109,7 +109,9 @@ async def gather(
         requests: `GenerationRequest`, `LoglikelihoodRequest` and `RollingLoglikelihoodRequest` objects,
             mixed freely: each goes to the matching backend method.
         concurrency: Most requests in flight; ``None`` takes ``backend.capabilities.max_concurrency``, else
-            `DEFAULT_CONCURRENCY`.
+            `DEFAULT_CONCURRENCY`; ``"adaptive"`` (or an `AdaptiveConcurrency` for its settings) lowers the
+            limit on rate-limit and overload answers, raises it on clean rounds and holds it when queueing
+            delay grows.
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
         timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
         rate_limit: Client-side request and token rate limits.
@@ -150,7 +152,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -165,7 +167,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -179,7 +181,7 @@ def run_batch(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,
@@ -220,7 +222,7 @@ def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -235,7 +237,7 @@ def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = ...,
+    concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
     timeout: float | None = ...,
     rate_limit: RateLimit | None = ...,
@@ -249,7 +251,7 @@ async def as_completed(
     backend: AsyncBackend,
     requests: Iterable[Request],
     *,
-    concurrency: int | None = None,
+    concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     rate_limit: RateLimit | None = None,

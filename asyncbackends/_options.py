@@ -14,16 +14,50 @@ import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
+from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
 from ._observability.callbacks import RunCallbacks
 from ._observability.run_metrics import RunMetrics
 from .errors import InvalidRequestError, RateLimitedError
 
-__all__ = ["DEFAULT_CONCURRENCY", "RateLimit", "RetryPolicy", "RunOptions", "refuse_unknown_options"]
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "Concurrency",
+    "RateLimit",
+    "RetryPolicy",
+    "RunOptions",
+    "adaptive_settings",
+    "refuse_unknown_options",
+]
 
 DEFAULT_CONCURRENCY = 64
 """In-flight requests when neither the caller nor the backend's capabilities say."""
+
+Concurrency = int | AdaptiveConcurrency | Literal["adaptive"] | None
+"""A run's ``concurrency``: a fixed limit, an adaptive one (``"adaptive"`` or its settings), or None."""
+
+
+def adaptive_settings(concurrency: object) -> AdaptiveConcurrency | None:
+    """The adaptive settings ``concurrency`` asks for (``"adaptive"``: the defaults), ``None`` if fixed.
+
+    Raises:
+        InvalidRequestError: ``concurrency`` is neither ``None``, an int >= 1, ``"adaptive"`` nor an
+            `AdaptiveConcurrency`.
+    """
+    if isinstance(concurrency, AdaptiveConcurrency):
+        return concurrency
+    if concurrency == "adaptive" and isinstance(concurrency, str):
+        return AdaptiveConcurrency()
+    if concurrency is not None and (
+        not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+    ):
+        raise InvalidRequestError(
+            "concurrency must be an int >= 1, 'adaptive', an AdaptiveConcurrency or None, "
+            f"got {concurrency!r}"
+        )
+    return None
 
 
 def _is_number(value: object) -> bool:
@@ -103,7 +137,8 @@ class RunOptions:
 
     Args:
         concurrency: Most requests in flight; ``None`` takes the backend's ``capabilities.max_concurrency``,
-            else `DEFAULT_CONCURRENCY`.
+            else `DEFAULT_CONCURRENCY`; ``"adaptive"`` or an `AdaptiveConcurrency` finds the server's
+            capacity as the run goes (`asyncbackends._adaptive`).
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
         timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
         rate_limit: Client-side request and token rate limits, for this run alone.
@@ -117,7 +152,7 @@ class RunOptions:
         InvalidRequestError: A value of the wrong type or out of range.
     """
 
-    concurrency: int | None = None
+    concurrency: Concurrency = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
     rate_limit: RateLimit | None = None
@@ -128,11 +163,8 @@ class RunOptions:
     callbacks: RunCallbacks | None = None
 
     def __post_init__(self) -> None:
-        concurrency, timeout = self.concurrency, self.timeout
-        if concurrency is not None and (
-            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
-        ):
-            raise InvalidRequestError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+        timeout = self.timeout
+        adaptive_settings(self.concurrency)
         if timeout is not None and (not _is_number(timeout) or not 0 < timeout < float("inf")):
             raise InvalidRequestError(f"timeout must be a finite number > 0 or None, got {timeout!r}")
         _check_type("retry", self.retry, RetryPolicy)

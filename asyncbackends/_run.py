@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
+from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket
 from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import TokenBucket, estimated_tokens
 from ._observability.observe import RequestObserver, RunObserver, current_request
-from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
+from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
 from ._types import (
@@ -55,7 +56,12 @@ class Run:
     ) -> None:
         self.backend, self.requests, self.sink = backend, requests, sink
         hint = backend.capabilities.max_concurrency
-        self.concurrency: int = options.concurrency or hint or DEFAULT_CONCURRENCY
+        self.adaptive = adaptive_settings(options.concurrency)
+        # Adaptive: one worker per slot the limit may reach; the limiter decides how many send at once.
+        fixed = options.concurrency if isinstance(options.concurrency, int) else None
+        self.concurrency: int = self.adaptive.max if self.adaptive else fixed or hint or DEFAULT_CONCURRENCY
+        self.limiter: AdaptiveLimiter | None = None  # loop-bound: made when the run starts
+        self.tickets: dict[AttemptClock, Ticket] = {}  # adaptive slots taken by workers, not yet used
         self.retry = options.retry or RetryPolicy()
         self.timeout = options.timeout
         self.cache_option = options.cache
@@ -106,6 +112,10 @@ class Run:
             self.metrics.requests += len(self.requests)
             self.metrics.started = self.metrics.started or time.perf_counter()
         self.started = time.perf_counter()
+        if self.adaptive is not None:
+            self.limiter = AdaptiveLimiter(self.adaptive, self.limit_changed)
+        if self.metrics is not None:
+            self.metrics.concurrency_limit = self.limiter.limit if self.limiter else self.concurrency
         loop = asyncio.get_running_loop()
         slots = [AttemptClock() for _ in range(min(self.concurrency, len(self.requests)))]
         tasks = []
@@ -130,6 +140,33 @@ class Run:
             if self.observer is not None:
                 self.observer.run_ended()
 
+    def limit_changed(self, limit: int, reason: ChangeReason) -> None:
+        """The adaptive limit moved: into the metrics and to the observer."""
+        if self.metrics is not None:
+            self.metrics._record_limit(
+                time.perf_counter() - (self.metrics.started or self.started), limit, reason
+            )
+        if self.observer is not None:
+            self.observer.concurrency_changed(limit, reason)
+
+    async def within_limit(self, call: Awaitable[Result], slot: AttemptClock) -> Result:
+        """Await ``call`` holding a slot of the adaptive limit, and tell the limiter how it went."""
+        limiter = self.limiter
+        assert limiter is not None
+        try:
+            ticket = self.tickets.pop(slot, None) or await limiter.acquire()
+        except BaseException:
+            if asyncio.iscoroutine(call):
+                call.close()  # never awaited: say so quietly instead of a "never awaited" warning
+            raise
+        try:
+            result = await call
+        except BaseException as exc:
+            limiter.release(ticket, exc)
+            raise
+        limiter.release(ticket, None)
+        return result
+
     async def sweep(self, slots: list[AttemptClock]) -> None:
         """Cancel attempts past their deadline.
 
@@ -148,8 +185,32 @@ class Run:
                     slot.task.cancel()
 
     async def work(self, slot: AttemptClock) -> None:
+        limiter = self.limiter
+        if limiter is None:
+            await self.work_on(slot, self.indices)
+            return
+        try:
+            while True:
+                # Room under the adaptive limit first, then the next request: until the limit lets it go, a
+                # request waits in the run's queue (as with a fixed limit), not in its own latency.
+                self.tickets[slot] = await limiter.acquire()
+                index = next(self.indices, None)
+                if index is None:
+                    return
+                await self.work_on(slot, iter((index,)))
+                self.give_back(slot)  # a cache hit or a refused request used no attempt
+        finally:
+            self.give_back(slot)
+
+    def give_back(self, slot: AttemptClock) -> None:
+        """Return the worker's unused adaptive slot, if it holds one."""
+        ticket = self.tickets.pop(slot, None)
+        if ticket is not None and self.limiter is not None:
+            self.limiter.release(ticket, asyncio.CancelledError())
+
+    async def work_on(self, slot: AttemptClock, indices: Iterator[int]) -> None:
         requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
-        for index in self.indices:
+        for index in indices:
             request = requests[index]
             start = time.perf_counter() if metrics is not None or observer is not None else 0.0
             if observer is None:
@@ -288,6 +349,8 @@ class Run:
                     call = method(request)
                 else:
                     call = self.attempt(method, request, slot, attempt)
+                if self.limiter is not None:
+                    call = self.within_limit(call, slot)
                 result: Result = await call
             except InvalidRequestError as exc:
                 return exc

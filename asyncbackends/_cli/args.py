@@ -38,6 +38,16 @@ Ctrl-C stops the run, keeps the finished results and exits 130; with --cache a r
 """
 
 
+def _concurrency(text: str) -> int | str:
+    """``--concurrency``: a number, or ``adaptive``."""
+    if text == "adaptive":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'adaptive', got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``asyncbackends`` command line: list, run, cache, contract and report, with their options."""
     raw = argparse.RawDescriptionHelpFormatter
@@ -59,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
     run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
     run.add_argument("--output", help="JSONL file for results (default: standard output)")
-    run.add_argument("--concurrency", type=int, help="requests in flight (default: the backend's hint)")
+    run.add_argument(
+        "--concurrency",
+        type=_concurrency,
+        help="requests in flight, or 'adaptive' to find the server's capacity (default: the backend's hint)",
+    )
     run.add_argument("--timeout", type=float, help="seconds per attempt")
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")

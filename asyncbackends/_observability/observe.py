@@ -13,6 +13,7 @@ request and nothing else. Otherwise, for each request the worker picks up, the r
       retrying(attempt, error, delay)                 # the attempt failed, another follows after delay
       done(outcome)                                   # the result or the error the caller gets
       cancelled()                                     # instead of done(): cancelled with the run
+    concurrency_changed(limit, reason)                # the run's adaptive limit moved (any time)
 
 Two implementations ship: OpenTelemetry spans and metrics (`telemetry`) and plain
 callbacks (`callbacks.RunCallbacks`); with both, `Fanout` calls each in turn; `observers.watch` builds a
@@ -80,6 +81,9 @@ class RunObserver:
         """A worker took request ``index`` after ``slot_wait`` seconds in the run's queue."""
         return RequestObserver()
 
+    def concurrency_changed(self, limit: int, reason: str) -> None:
+        """The run's adaptive concurrency limit moved to ``limit`` (``reason``: `adaptive.ChangeReason`)."""
+
     def run_ended(self) -> None:
         """The run ended (every request done, or the run failed or was cancelled)."""
 
@@ -134,6 +138,11 @@ class Fanout(RunObserver):
     def request_started(self, index: int, request: Request, slot_wait: float) -> RequestObserver:
         """Start the request in every part."""
         return _FanoutRequest([p.request_started(index, request, slot_wait) for p in self.parts])
+
+    def concurrency_changed(self, limit: int, reason: str) -> None:
+        """Tell every part the limit moved."""
+        for part in self.parts:
+            part.concurrency_changed(limit, reason)
 
     def run_ended(self) -> None:
         """End the run in every part."""

@@ -93,6 +93,16 @@ class Instruments:
             unit="{request}",
             description="Results read from the response cache",
         )
+        self.concurrency_limit = meter.create_gauge(
+            "asyncbackends.concurrency.limit",
+            unit="{request}",
+            description="Where a run's adaptive concurrency limit stands",
+        )
+        self.concurrency_changes = meter.create_counter(
+            "asyncbackends.concurrency.changes",
+            unit="{change}",
+            description="Moves of the adaptive concurrency limit, by reason",
+        )
         self.replica_state = meter.create_gauge(
             "asyncbackends.replica.state",
             unit="1",

@@ -179,6 +179,24 @@ th { text-align: left; } td { text-align: right; } td:first-child { text-align: 
 """
 
 
+def _concurrency_rows(data: RunData) -> list[tuple[str, str]]:
+    """The adaptive limit's rows, from the run's closing summary: where it ended, its range, its moves."""
+    summary = (data.end or {}).get("summary") or {}
+    changes = summary.get("concurrency_changes") or {}
+    if not changes:
+        limit = summary.get("concurrency_limit")
+        return [] if limit is None else [("concurrency", str(limit))]
+    moves = ", ".join(f"{reason}: {count}" for reason, count in sorted(changes.items()))
+    return [
+        (
+            "concurrency (adaptive)",
+            f"{summary.get('concurrency_limit')} at the end, "
+            f"{summary.get('concurrency_lowest')} to {summary.get('concurrency_highest')} during the run",
+        ),
+        ("concurrency changes by reason", moves),
+    ]
+
+
 def render_report(data: RunData) -> str:
     """The report of one run as a complete HTML document."""
     header = data.header
@@ -216,6 +234,7 @@ def render_report(data: RunData) -> str:
             " / ".join(_duration(_quantile(slot_waits, q)) for q in (0.5, 0.95)),
         ),
         ("held by the rate limiter (total)", _duration(rate_wait)),
+        *_concurrency_rows(data),
     ]
     rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in summary)
     body = [

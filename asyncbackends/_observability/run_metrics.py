@@ -38,6 +38,9 @@ class RunMetrics:
         errors: Failed requests by error type name.
         prompt_tokens: Prompt tokens over all results that reported them.
         completion_tokens: Generated tokens over all results.
+        concurrency_limit: The run's concurrency limit now: the fixed one, or where the adaptive one stands.
+        concurrency_changes: How often the adaptive limit moved, by reason ("rate_limited", "overloaded",
+            "clean_round", "queueing").
         on_update: Called with this object after each finished request (progress postfix, exporters).
 
     A pool's per-replica figures join the summary after ``metrics.track_replicas(pool)`` (the CLI does it).
@@ -52,11 +55,14 @@ class RunMetrics:
     errors: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    concurrency_limit: int | None = None
+    concurrency_changes: Counter[str] = field(default_factory=Counter)
     on_update: Callable[[RunMetrics], None] | None = None
     started: float | None = None
     finished: float | None = None
     _latencies: array[float] = field(default_factory=lambda: array("d"))
     _queue_times: array[float] = field(default_factory=lambda: array("d"))
+    _limits: list[tuple[float, int, str]] = field(default_factory=list, repr=False)
     _replica_source: Callable[[], Any] | None = field(default=None, repr=False)
     _replica_base: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
 
@@ -97,6 +103,16 @@ class RunMetrics:
         self._latencies.append(seconds)
         self._queue_times.append(queued)
 
+    def _record_limit(self, at: float, limit: int, reason: str) -> None:
+        self.concurrency_limit = limit
+        self.concurrency_changes[reason] += 1
+        self._limits.append((at, limit, reason))
+
+    @property
+    def limit_history(self) -> list[tuple[float, int, str]]:
+        """Each move of the adaptive limit: (seconds since the run started, new limit, reason)."""
+        return list(self._limits)
+
     @property
     def failed(self) -> int:
         """Requests that ended in an error."""
@@ -134,7 +150,12 @@ class RunMetrics:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
+            "concurrency_limit": self.concurrency_limit,
+            "concurrency_changes": dict(self.concurrency_changes),
         }
+        if self._limits:
+            limits = [limit for _, limit, _ in self._limits]
+            summary["concurrency_lowest"], summary["concurrency_highest"] = min(limits), max(limits)
         replicas = self.replicas()
         if replicas:
             summary["replicas"] = replicas
@@ -159,6 +180,12 @@ class RunMetrics:
             f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
             f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
         ]
+        if s["concurrency_changes"]:
+            moves = ", ".join(f"{k}: {v}" for k, v in sorted(s["concurrency_changes"].items()))
+            lines.append(
+                f"concurrency (adaptive): {s['concurrency_limit']}  range: {s['concurrency_lowest']}-"
+                f"{s['concurrency_highest']}  changes: {moves}"
+            )
         for label, r in s.get("replicas", {}).items():
             lines.append(
                 f"replica {label}: {r['state']}  requests: {r['requests']}  ok: {r['successes']}  "

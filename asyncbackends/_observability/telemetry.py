@@ -178,6 +178,14 @@ class OTelObserver(RunObserver):
             self.instruments.slot_wait.record(slot_wait, common)
         return _SpanRequest(self, span, common, key, operation)
 
+    def concurrency_changed(self, limit: int, reason: str) -> None:
+        """Set the limit gauge and count the change by its reason."""
+        if self.instruments is not None:
+            self.instruments.concurrency_limit.set(limit, self.base)
+            self.instruments.concurrency_changes.add(
+                1, {**self.base, "asyncbackends.concurrency.reason": reason}
+            )
+
 
 class _SpanRequest(RequestObserver):
     __slots__ = (

@@ -16,10 +16,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from .._adaptive import AdaptiveLimiter
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
 from .._loop import get_loop_manager
-from .._options import RateLimit
+from .._options import Concurrency, RateLimit, adaptive_settings
 from .._protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
 from .._types import (
     Capabilities,
@@ -45,17 +46,15 @@ class LimitedBackend:
 
     Attributes:
         backend: The wrapped backend.
-        concurrency: Most requests in flight through this wrapper at once, or ``None``.
+        concurrency: Most requests in flight through this wrapper at once (an int, ``"adaptive"`` or an
+            `AdaptiveConcurrency`), or ``None``.
         rate_limit: Request and token rates shared by every run, or ``None``.
     """
 
     def __init__(
-        self, backend: AsyncBackend, *, concurrency: int | None = None, rate_limit: RateLimit | None = None
+        self, backend: AsyncBackend, *, concurrency: Concurrency = None, rate_limit: RateLimit | None = None
     ) -> None:
-        if concurrency is not None and (
-            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
-        ):
-            raise InvalidRequestError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+        self._adaptive = adaptive_settings(concurrency)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise InvalidRequestError(
                 f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}"
@@ -67,6 +66,7 @@ class LimitedBackend:
         self.capabilities: Capabilities = backend.capabilities
         # Loop-bound: made on first use, on the loop that serves the requests.
         self._slots: asyncio.Semaphore | None = None
+        self._limiter: AdaptiveLimiter | None = None
         self._rps: TokenBucket | None = None
         self._tpm: TokenBucket | None = None
         self._ready = False
@@ -80,7 +80,9 @@ class LimitedBackend:
         return self.backend.fingerprint if isinstance(self.backend, SupportsFingerprint) else None
 
     def _make_state(self) -> None:
-        if self.concurrency is not None:
+        if self._adaptive is not None:
+            self._limiter = AdaptiveLimiter(self._adaptive)
+        elif isinstance(self.concurrency, int):
             self._slots = asyncio.Semaphore(self.concurrency)
         rate = self.rate_limit
         if rate is not None and rate.requests_per_second:
@@ -104,8 +106,27 @@ class LimitedBackend:
                     await self._rps.take(1)
                 if self._tpm is not None:
                     await self._tpm.take(estimated_tokens(request))
+        if self._limiter is not None:
+            return await self._adaptively(self._limiter, call)
         async with held_slot(self._slots):
             return await call()
+
+    async def _adaptively(self, limiter: AdaptiveLimiter, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        # The limiter learns from every answer that passes through, whichever run sent it.
+        async with waiting_for_slot():
+            ticket = await limiter.acquire()
+        try:
+            result = await call()
+        except BaseException as exc:
+            limiter.release(ticket, exc)
+            raise
+        limiter.release(ticket, None)
+        return result
+
+    @property
+    def limiter(self) -> AdaptiveLimiter | None:
+        """The shared adaptive limit (its ``limit``, ``changes``), once a request used it; else ``None``."""
+        return self._limiter
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """`AsyncBackend.generate` through the shared limits."""
@@ -143,7 +164,7 @@ class LimitedRollingBackend(LimitedBackend):
 
 
 def limited(
-    backend: AsyncBackend, *, concurrency: int | None = None, rate_limit: RateLimit | None = None
+    backend: AsyncBackend, *, concurrency: Concurrency = None, rate_limit: RateLimit | None = None
 ) -> LimitedBackend:
     """Wrap ``backend`` so its limits hold across every run that uses the returned backend.
 
@@ -161,7 +182,8 @@ def limited(
 
     Args:
         backend: The backend to wrap (any `AsyncBackend`, a wrapper included).
-        concurrency: Most requests in flight through the wrapper at once; ``None`` for no shared limit.
+        concurrency: Most requests in flight through the wrapper at once; ``"adaptive"`` (or an
+            `AdaptiveConcurrency`) for one adaptive limit that every run's answers move; ``None`` for none.
         rate_limit: Request and token rates shared by every run; ``None`` for none.
 
     Returns:

@@ -302,3 +302,17 @@ def test_a_missing_model_folder_keeps_the_output(tmp_path: Path, capsys: pytest.
     assert code == 2, capsys.readouterr().err
     assert str(model) in capsys.readouterr().err
     assert output.read_text() == "a previous run's results\n"
+
+
+def test_run_takes_adaptive_concurrency_and_refuses_other_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "out.jsonl"
+    code = main(
+        ["run", str(EXAMPLE), "--backend", "mock", "--concurrency", "adaptive", "--output", str(output)]
+    )
+    assert code == 0
+    assert len(output.read_text().splitlines()) == len(EXAMPLE.read_text().splitlines())
+    with pytest.raises(SystemExit):
+        main(["run", str(EXAMPLE), "--backend", "mock", "--concurrency", "auto"])
+    assert "expected a number or 'adaptive', got 'auto'" in capsys.readouterr().err

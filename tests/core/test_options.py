@@ -189,7 +189,10 @@ def test_the_edge_values_are_accepted() -> None:
 
 def test_a_refused_value_is_named_in_the_message() -> None:
     cases: list[tuple[Any, str]] = [
-        (lambda: RunOptions(concurrency=0), "concurrency must be an int >= 1 or None, got 0"),
+        (
+            lambda: RunOptions(concurrency=0),
+            "concurrency must be an int >= 1, 'adaptive', an AdaptiveConcurrency or None, got 0",
+        ),
         (lambda: RunOptions(timeout=-1), "timeout must be a finite number > 0 or None, got -1"),
         (lambda: RunOptions(retry=3), "retry must be a RetryPolicy or None, got int"),  # type: ignore[arg-type]
         (

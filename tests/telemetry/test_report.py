@@ -133,3 +133,55 @@ def test_the_report_draws_close_latencies_in_many_columns() -> None:
     html = render_report(RunData(header={"backend": "mock", "requests": 100}, requests=requests))
     section = html.split("<h2>Latency distribution</h2>")[1].split("<h2>")[0]
     assert section.count("<rect ") >= 25  # one column per occupied bin, not every request in one
+
+
+def test_report_shows_the_adaptive_limit_and_its_changes(tmp_path: Path) -> None:
+    class RefusesTwice(ab.BaseBackend):
+        name = "refuses-twice"
+        capabilities = ab.Capabilities()
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            self.calls += 1
+            if self.calls in (1, 2):
+                raise ab.RateLimitedError("Model is overloaded")
+            return ab.GenerationResult(request.request_id, (ab.Completion("ok"),))
+
+    requests = [ab.GenerationRequest("x", request_id=str(i)) for i in range(4)]
+    path = tmp_path / "run.jsonl"
+    backend, metrics = RefusesTwice(), ab.RunMetrics()
+    with RunLog(path, backend, len(requests)) as run_log:
+        ab.run_batch(
+            backend,
+            requests,
+            concurrency=ab.AdaptiveConcurrency(initial=10, backoff=0.5),
+            retry=ab.RetryPolicy(initial_delay=0.0),
+            callbacks=run_log.callbacks,
+            metrics=metrics,
+        )
+        run_log.close(metrics.summary())
+    html = render_report(load_run(path))
+    # The first refusal cut 10 to 5; its retry, sent after the cut, was refused again and cut 5 to 2; four
+    # answers are too few for a round to raise it.
+    assert metrics.summary()["concurrency_changes"] == {"rate_limited": 2}
+    assert "<td>concurrency (adaptive)</td><td>2 at the end, 2 to 5 during the run</td>" in html
+    assert "<td>concurrency changes by reason</td><td>rate_limited: 2</td>" in html
+
+    with RunLog(path, backend, 1) as run_log:
+        run_log.close({"concurrency_limit": 8, "concurrency_changes": {}})
+    assert "<td>concurrency</td><td>8</td>" in render_report(load_run(path))
+
+    with RunLog(path, backend, 1) as run_log:
+        run_log.close(
+            {
+                "concurrency_limit": 20,
+                "concurrency_lowest": 14,
+                "concurrency_highest": 32,
+                "concurrency_changes": {"rate_limited": 2, "clean_round": 3},
+            }
+        )
+    html = render_report(load_run(path))
+    assert "<td>concurrency (adaptive)</td><td>20 at the end, 14 to 32 during the run</td>" in html
+    assert "<td>concurrency changes by reason</td><td>clean_round: 3, rate_limited: 2</td>" in html

@@ -1,0 +1,204 @@
+"""Adaptive concurrency against servers of known capacity: fixed settings from 4 to 512 against adaptive.
+
+Each server is the TGI look-alike (`asyncbackends.testing.fake_tgi`) in its own process, serving ``capacity``
+generations at once, each taking ``--latency`` (20 ms by default):
+
+- ``refuse``: beyond its capacity it answers 429 "Model is overloaded" at once, as TGI does when its queue is
+  full (no ``Retry-After``, as TGI);
+- ``queue``: beyond its capacity requests wait in its queue, as vLLM's server does.
+
+Every setting runs in a fresh Python process through the tgi adapter and ``run_batch`` (retries up to 50
+attempts, so nothing is lost), and reports throughput, the server's refusals (429s retried), request latency
+p50 and, for adaptive, where the limit ended and how it moved. The checks the issue asks for are printed at
+the end: against the refusing server of capacity 24, adaptive loses nothing, has at most 5% of requests
+refused and reaches at least 0.85x the best fixed setting's throughput; against a queueing server its p50 is
+within 1.5x of the best fixed setting's while its throughput is at least 0.9x of it.
+
+Usage: ``python benchmarks/adaptive_concurrency.py [--requests 1500 --capacities 8 24 96 --json out.json]``.
+Run it alone (``flock /tmp/heavy.lock``): client and server share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+SETTINGS = (
+    "4",
+    "8",
+    "16",
+    "32",
+    "64",
+    "128",
+    "256",
+    "512",
+    "adaptive",
+    "adaptive-b0.5",
+    "adaptive-nolatency",
+)
+"""Fixed limits, then the adaptive default and the variants it was chosen against: a cut to half on each
+refusal instead of to 0.9 (``-b0.5``), and no latency signal (``-nolatency``)."""
+
+
+def concurrency_of(setting: str) -> Any:
+    """The ``concurrency`` argument a setting names."""
+    import asyncbackends as ab
+
+    if setting == "adaptive":
+        return "adaptive"
+    if setting == "adaptive-b0.5":
+        return ab.AdaptiveConcurrency(backoff=0.5)
+    if setting == "adaptive-nolatency":
+        return ab.AdaptiveConcurrency(latency_tolerance=None)
+    return int(setting)
+
+
+MAX_NEW_TOKENS = 16
+
+
+def client(url: str, setting: str, n: int) -> dict[str, Any]:
+    """One run in this (fresh) process; its figures as a dict."""
+    import asyncbackends as ab
+
+    concurrency = concurrency_of(setting)
+    connections = concurrency if isinstance(concurrency, int) else 512
+    backend = ab.create_backend("tgi", url=url, token=False, max_connections=connections)
+    params = ab.SamplingParams(max_tokens=MAX_NEW_TOKENS)
+    requests = [ab.GenerationRequest(f"benchmark prompt number {i}", params) for i in range(n)]
+    metrics = ab.RunMetrics()
+    results = ab.run_batch(
+        backend,
+        requests,
+        concurrency=concurrency,
+        retry=ab.RetryPolicy(max_attempts=50),
+        return_exceptions=True,
+        metrics=metrics,
+    )
+    backend.close()
+    s = metrics.summary()
+    return {
+        "setting": setting,
+        "requests": n,
+        "ok": sum(1 for r in results if isinstance(r, ab.GenerationResult)),
+        "refused": metrics.retried_errors.get("RateLimitedError", 0)
+        + metrics.errors.get("RateLimitedError", 0),
+        "elapsed_s": s["elapsed_s"],
+        "requests_per_s": s["requests_per_s"],
+        "latency_p50_s": s["latency_p50_s"],
+        "latency_p95_s": s["latency_p95_s"],
+        "limit_end": s["concurrency_limit"],
+        "limit_range": [s.get("concurrency_lowest"), s.get("concurrency_highest")],
+        "changes": s["concurrency_changes"],
+    }
+
+
+def serve(mode: str, capacity: int, latency: float) -> tuple[subprocess.Popen[str], str]:
+    """Start the look-alike in its own process; return it and its URL."""
+    limits = ["--max-concurrent-requests", str(capacity)]
+    if mode == "queue":
+        limits = ["--max-concurrent-requests", "100000", "--concurrency", str(capacity)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncbackends.testing.fake_tgi", "--latency", str(latency), *limits],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise RuntimeError(f"the server did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def run_setting(url: str, setting: str, n: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--client", url, setting, str(n)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| concurrency | req/s | refused | lost | p50 ms | p95 ms | limit at end (range) | limit changes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        adaptive = r["setting"].startswith("adaptive")
+        limit = f"{r['limit_end']} ({r['limit_range'][0]}-{r['limit_range'][1]})" if adaptive else "-"
+        changes = ", ".join(f"{k} {v}" for k, v in sorted(r["changes"].items())) if adaptive else "-"
+        lines.append(
+            f"| {r['setting']} | {r['requests_per_s']:.0f} | {r['refused']} | {r['requests'] - r['ok']} | "
+            f"{r['latency_p50_s'] * 1000:.1f} | {r['latency_p95_s'] * 1000:.1f} | {limit} | {changes} |"
+        )
+    return "\n".join(lines)
+
+
+def checks(mode: str, capacity: int, rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's must-show checks for one server, as lines that say PASS or FAIL."""
+    adaptive = next(r for r in rows if r["setting"] == "adaptive")
+    fixed = [r for r in rows if not r["setting"].startswith("adaptive")]
+    best = max(fixed, key=lambda r: r["requests_per_s"])
+    ratio = adaptive["requests_per_s"] / best["requests_per_s"]
+    out = []
+    if mode == "refuse":
+        refused = adaptive["refused"] / adaptive["requests"]
+        ok = adaptive["ok"] == adaptive["requests"] and refused <= 0.05 and ratio >= 0.85
+        out.append(
+            f"{'PASS' if ok else 'FAIL'} refuse/{capacity}: lost {adaptive['requests'] - adaptive['ok']}, "
+            f"refused {refused:.1%} (<= 5%), throughput {ratio:.2f}x best fixed ({best['setting']}) (>= 0.85)"
+        )
+    else:
+        p50 = adaptive["latency_p50_s"] / best["latency_p50_s"]
+        ok = p50 <= 1.5 and ratio >= 0.9
+        out.append(
+            f"{'PASS' if ok else 'FAIL'} queue/{capacity}: p50 {p50:.2f}x best fixed ({best['setting']}) "
+            f"(<= 1.5), throughput {ratio:.2f}x (>= 0.9)"
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--client", nargs=3, metavar=("URL", "SETTING", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--latency", type=float, default=0.02)
+    parser.add_argument("--capacities", type=int, nargs="+", default=[24, 8, 96])
+    parser.add_argument("--modes", nargs="+", default=["refuse", "queue"], choices=["refuse", "queue"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    if args.client:
+        url, setting, n = args.client
+        print(json.dumps(client(url, setting, int(n))))
+        return
+    report: dict[str, list[dict[str, Any]]] = {}
+    verdicts: list[str] = []
+    for capacity in args.capacities:  # capacity first: a cut-short run still has whole servers
+        for mode in args.modes:
+            proc, url = serve(mode, capacity, args.latency)
+            try:
+                rows = [run_setting(url, setting, args.requests) for setting in args.settings]
+            finally:
+                proc.kill()
+                proc.wait()
+            report[f"{mode}/{capacity}"] = rows
+            print(f"\n### {mode}, capacity {capacity}\n\n{table(rows)}", flush=True)
+            if "adaptive" in args.settings:
+                verdicts += checks(mode, capacity, rows)
+                print(verdicts[-1], flush=True)
+            if args.json:  # after every server, so a cut-short run keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=1)
+    print("\n" + "\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()
