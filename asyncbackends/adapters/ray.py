@@ -112,6 +112,7 @@ class RayBackend(BaseBackend):
         replicas: int = 1,
         options: Mapping[str, Any] | None = None,
         address: str | None = None,
+        connect_timeout: float = 5.0,
         actor_options: Mapping[str, Any] | None = None,
         on_replica_loss: OnReplicaLoss = "restart",
         routing: str = "least_loaded",
@@ -127,8 +128,12 @@ class RayBackend(BaseBackend):
             backend: The hosted backend's registry name (or ``"module:Class"``), resolved inside the actors.
             replicas: How many actors.
             options: The hosted backend's options, as ``create_backend(backend, **options)`` takes them.
-            address: ``None`` joins ``RAY_ADDRESS`` or a cluster started on this machine, else starts a
-                local one; ``"auto"`` or ``"ray://host:10001"`` join one.
+            address: ``None`` joins ``RAY_ADDRESS`` or a cluster started on this machine (Ray's address
+                file), else starts a local one; ``"auto"``, ``"HOST:PORT"`` or ``"ray://host:10001"`` join
+                one.
+            connect_timeout: Seconds a cluster's address has to answer before joining it. An address file
+                left by a dead cluster is then reported in the log and a local cluster started; any other
+                address that does not answer fails with `BackendUnavailableError`.
             actor_options: Ray's actor options (``num_gpus``, ``num_cpus``, ``memory``, ``resources``,
                 ``runtime_env``, ...) plus ``placement_strategy`` (``"PACK"`` by default, ``"SPREAD"``,
                 ``"STRICT_PACK"``, ``"STRICT_SPREAD"``). ``num_cpus`` defaults to 1.
@@ -160,7 +165,11 @@ class RayBackend(BaseBackend):
         hosted_options = dict(options or {})
         ray_options = {**_DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
         strategy = str(ray_options.pop("placement_strategy", "PACK")).upper()
-        cluster = await connect(address, init_options or {})
+        if not isinstance(connect_timeout, (int, float)) or isinstance(connect_timeout, bool):
+            raise InvalidRequestError(f"connect_timeout must be a number of seconds, got {connect_timeout!r}")
+        if not connect_timeout > 0:
+            raise InvalidRequestError(f"connect_timeout must be > 0, got {connect_timeout!r}")
+        cluster = await connect(address, init_options or {}, connect_timeout)
         group: PlacementGroup | None = None
         try:
             group = await reserve(replicas, bundle_for(ray_options), strategy, placement_timeout)
