@@ -207,8 +207,14 @@ class RayBackend(BaseBackend):
         return self._router
 
     def replica_stats(self) -> list[ReplicaStats]:
-        """Each replica's figures as the router sees them: state, in flight, requests, failures."""
-        return self._router.stats()
+        """Each replica's figures as the router sees them, with the Ray node its actor runs on now.
+
+        A replica restarted after its node was lost shows its new node; one dropped is ``"refused"``.
+        """
+        return [
+            dataclasses.replace(stats, node=slot.info.get("node_id"))
+            for stats, slot in zip(self._router.stats(), self._slots, strict=True)
+        ]
 
     @property
     def replica_events(self) -> Counter[str]:
