@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import Completion, GenerationRequest
+from .._types import Completion, GenerationRequest
 
 __all__ = [
     "UNSUPPORTED_REASONS",

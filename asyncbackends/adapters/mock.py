@@ -18,6 +18,17 @@ import random
 from collections import Counter
 from typing import Literal
 
+from .._capabilities import refuse_unsupported
+from .._protocol import BaseBackend
+from .._types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+)
 from ..errors import (
     BackendBrokenError,
     BackendError,
@@ -27,18 +38,7 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from ..protocol import BaseBackend
-from ..types import (
-    Capabilities,
-    Completion,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    RollingLoglikelihoodRequest,
-)
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
-from ._sampling import refuse_unsupported
 
 __all__ = ["MockBackend"]
 

@@ -49,7 +49,9 @@ from .fake_tgi_faults import choose_failure, fail
 from .fake_tgi_model import FakeModel, Generation
 from .fake_tgi_responses import chat_json, details_json, info_json, stream_events, timing_headers
 from .fake_tgi_validation import (
-    Limits,
+    Limits as Limits,
+)
+from .fake_tgi_validation import (
     ValidRequest,
     WireError,
     chat_to_generate,
@@ -58,7 +60,7 @@ from .fake_tgi_validation import (
 )
 from .fake_tgi_validation import validate_generate as _validate
 
-__all__ = ["FakeTGIServer", "Limits"]
+__all__ = ["FakeTGIServer"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

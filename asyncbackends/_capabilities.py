@@ -1,12 +1,19 @@
-"""`Capabilities`: what a backend can do, and the optional sampling parameters it honours."""
+"""`Capabilities`: what a backend can do, and `refuse_unsupported`, which refuses what it cannot.
+
+Every adapter calls `refuse_unsupported` first thing in ``generate``: a parameter set in `SamplingParams` and
+not claimed in the backend's `Capabilities` is refused with `RequestRejectedError` naming it, so an
+evaluation never runs with a setting silently dropped.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .sampling import SamplingParams
+from ._sampling_params import SamplingParams
+from .errors import RequestRejectedError
 
-__all__ = ["Capabilities"]
+__all__ = ["Capabilities", "refuse_unsupported"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +64,33 @@ class Capabilities:
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""
         return tuple(name for name in params.optional_params() if not getattr(self, name))
+
+
+def refuse_unsupported(
+    params: SamplingParams,
+    capabilities: Capabilities,
+    *,
+    backend: str,
+    request_id: str | None,
+    reasons: Mapping[str, str] | None = None,
+) -> None:
+    """Raise `RequestRejectedError` naming every optional parameter ``params`` sets that is not honoured.
+
+    Args:
+        params: The request's sampling parameters.
+        capabilities: What the backend honours.
+        backend: The backend's name, for the error.
+        request_id: The request's id, for the error.
+        reasons: Why a parameter is not honoured, by name, added to the message where given.
+    """
+    refused = capabilities.unsupported(params)
+    if not refused:
+        return
+    why = "; ".join(f"{name}: {(reasons or {})[name]}" for name in refused if name in (reasons or {}))
+    raise RequestRejectedError(
+        f"{backend} cannot honour {', '.join(refused)} (its capabilities say so)"
+        + (f": {why}" if why else "")
+        + "; leave them None, or use a backend that honours them",
+        backend=backend,
+        request_id=request_id,
+    )

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRequestError
-from .protocol import AsyncBackend, SupportsFingerprint
-from .types import (
+from ._protocol import AsyncBackend, SupportsFingerprint
+from ._types import (
     Completion,
     GenerationRequest,
     GenerationResult,
@@ -34,6 +33,7 @@ from .types import (
     Request,
     Result,
 )
+from .errors import InvalidRequestError
 
 __all__ = ["CacheReadWarning", "ResponseCache", "backend_fingerprint", "open_cache"]
 
