@@ -69,6 +69,7 @@ class LocalCluster:
     def add_node(self, name: str, num_cpus: int) -> None:
         """Start node ``name`` (the head if it is the first) and wait until the cluster counts it."""
         head = not self.nodes
+        self.killed.discard(name)  # a node killed earlier may be started again under its name
         command = [
             RAY,
             "start",
@@ -128,6 +129,11 @@ class LocalCluster:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"waiting for {what}; alive: {sorted(self.alive())}")
+
+    def ensure(self, name: str, num_cpus: int) -> None:
+        """Start node ``name`` again if a test killed it (tests may run alone or in any order)."""
+        if name in self.killed:
+            self.add_node(name, num_cpus)
 
     def pgid(self, name: str) -> int:
         """The process group of node ``name`` (its ``ray start`` process leads it)."""

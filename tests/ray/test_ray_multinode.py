@@ -60,6 +60,7 @@ def drive(cluster: LocalCluster, tmp_path: Path, config: dict[str, Any]) -> dict
 
 
 def test_the_docs_multi_node_example_runs_as_written(cluster: LocalCluster, tmp_path: Path) -> None:
+    cluster.ensure("node_b", num_cpus=1)
     page = (ROOT / "docs" / "ray.md").read_text()
     section = page[page.index("## A multi-node cluster") : page.index("### KubeRay")]
     (code,) = re.findall(r"^```python\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
@@ -78,6 +79,7 @@ def test_the_docs_multi_node_example_runs_as_written(cluster: LocalCluster, tmp_
 def test_a_node_lost_mid_run_loses_nothing_and_its_replica_moves(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    cluster.ensure("node_b", num_cpus=1)
     logs, hold = tmp_path / "logs", tmp_path / "hold"
     logs.mkdir()
     prompts = [f"prompt {i}" for i in range(300)]
@@ -101,7 +103,7 @@ def test_a_node_lost_mid_run_loses_nothing_and_its_replica_moves(
         },
     )
     cluster.nodes["node_b"].wait(timeout=60)
-    cluster.killed.add("node_b")
+    cluster.killed.add("node_b")  # by the driver, with the process group this test gave it
     assert sorted(out["before"]) == ["node_a", "node_b"]  # one replica a node
     assert out["after"] == ["node_a", "node_a"]  # node B's replica restarted on the survivor with room
     # Every input answered, in order, with its own text: nothing lost.
@@ -139,8 +141,7 @@ def test_vllm_replicas_one_a_node_and_a_node_lost_shrinks_the_pool(
 
     from asyncbackends.testing.tiny_model import build_tiny_model
 
-    if "node_b" in cluster.killed:  # the test before killed it: a fresh node B
-        cluster.add_node("node_b", num_cpus=1)
+    cluster.ensure("node_b", num_cpus=1)
     model = str(build_tiny_model())
     tokenizer = AutoTokenizer.from_pretrained(model)
     texts = ["The quick brown fox", "Paris is the capital of", "def add(a, b):", "Numbers: 1 2 3"]
@@ -172,7 +173,7 @@ def test_vllm_replicas_one_a_node_and_a_node_lost_shrinks_the_pool(
         },
     )
     cluster.nodes["node_b"].wait(timeout=60)
-    cluster.killed.add("node_b")
+    cluster.killed.add("node_b")  # by the driver, with the process group this test gave it
     assert sorted(out["before"]) == ["node_a", "node_b"]
     assert sorted(s["state"] for s in out["stats"]) == ["healthy", "refused"]  # the pool shrank
     assert out["events"]["lost"] == 1 and out["events"]["dropped"] == 1
