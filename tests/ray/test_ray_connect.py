@@ -7,6 +7,7 @@ with Ray's temp folder pointed at a fresh directory so the machine's real ``/tmp
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def ray_tmp() -> Iterator[Path]:
     yield path
     left = session_processes(str(path))
     assert not left, "Ray processes left behind:\n" + "\n".join(left)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def run_script(script: str, ray_tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
