@@ -90,6 +90,7 @@ class ReplicaStats:
         failures: Attempts that failed on it, for any reason.
         cooldowns: Times it was cooled down.
         last_error: The last fault that cooled it down, in words.
+        node: Where it runs now, where the backend knows (the Ray node id of a ``ray`` replica).
     """
 
     label: str
@@ -101,6 +102,7 @@ class ReplicaStats:
     failures: int
     cooldowns: int
     last_error: str | None = None
+    node: str | None = None
 
 
 class Replica:

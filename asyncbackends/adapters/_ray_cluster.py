@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -56,17 +57,46 @@ class Cluster:
             await in_ray_thread(ray.shutdown)
 
 
-async def connect(address: str | None, init_options: Mapping[str, Any]) -> Cluster:
-    """Join a running cluster or start a local one.
+async def connect(
+    address: str | None, init_options: Mapping[str, Any], connect_timeout: float = 5.0
+) -> Cluster:
+    """Join a running cluster or start a local one, never waiting long for a cluster that is gone.
 
-    ``address=None`` joins the cluster ``RAY_ADDRESS`` names, else one started on this machine with
-    ``ray start``, else starts a local cluster (with ``init_options``, for example ``num_cpus``). ``"auto"``
-    and ``"ray://host:10001"`` only join. A process that already called ``ray.init`` keeps its connection.
+    ``address=None`` joins the cluster ``RAY_ADDRESS`` names, else the one Ray's address file
+    (``ray_current_cluster`` in Ray's temp folder, written by ``ray start``) names, else starts a local
+    cluster (with ``init_options``, for example ``num_cpus``). ``"auto"``, ``"HOST:PORT"`` and ``"ray://host:10001"``
+    only join. A process that already called ``ray.init`` keeps its connection.
+
+    Before joining, the cluster's address is given ``connect_timeout`` seconds to accept a connection (Ray's
+    own ``ray.init`` waits for minutes on a dead one). An address file left by a dead cluster is not joined:
+    the log says so, naming the address and the file, and a local cluster is started instead. Any other
+    address that does not answer fails.
+
+    Raises:
+        BackendUnavailableError: The named cluster does not answer (the message names the address, and the
+            address file or ``RAY_ADDRESS`` it came from).
     """
     if ray.is_initialized():
         return Cluster(started=False)
     options = dict(init_options)
-    if address is not None or os.environ.get("RAY_ADDRESS"):
+    target, source = _target(address, options.get("_temp_dir"))
+    if target is not None and not await _answers(target, connect_timeout):
+        if source.startswith("Ray's address file"):
+            log.warning(
+                "ray: the cluster at %s named by %s does not answer within %g s (connect_timeout): a cluster "
+                "that is gone left it behind. Starting a local Ray cluster instead",
+                target,
+                source,
+                connect_timeout,
+            )
+            address, target = "local", None
+        else:
+            raise BackendUnavailableError(
+                f"cannot reach the Ray cluster at {target} (from {source}) within {connect_timeout:g} s "
+                "(connect_timeout): is it running? `ray status` on its head node tells",
+                backend="ray",
+            )
+    if source and address != "local":
         # Resource sizes describe a cluster being started; Ray refuses them when joining one.
         options = {k: v for k, v in options.items() if k not in ("num_cpus", "num_gpus", "resources")}
 
@@ -78,13 +108,53 @@ async def connect(address: str | None, init_options: Mapping[str, Any]) -> Clust
     try:
         started = await in_ray_thread(init)
     except ConnectionError as exc:
-        raise BackendUnavailableError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+        where = target or address
+        raise BackendUnavailableError(f"cannot reach the Ray cluster at {where!r}: {exc}") from exc
     if started:
         log.info("ray: started a local Ray cluster")
     else:
-        where = address or os.environ.get("RAY_ADDRESS") or "this machine"
-        log.info("ray: joined the Ray cluster at %s", where)
+        log.info("ray: joined the Ray cluster at %s", target or "this machine")
     return Cluster(started=started)
+
+
+def _target(address: str | None, temp_dir: str | None) -> tuple[str | None, str]:
+    """The ``HOST:PORT`` that ``ray.init(address)`` would dial, and where it came from (for messages).
+
+    ``None`` where nothing is dialled here: a local cluster is to be started, the address is a Ray Client
+    one (``ray://``, checked by Ray itself), or ``"auto"`` finds no address file (Ray then looks for a
+    running cluster among this machine's processes).
+    """
+    from ray._common.utils import get_ray_address_file
+    from ray._private.utils import read_ray_address
+
+    environment = os.environ.get("RAY_ADDRESS")
+    if environment and address in (None, "auto"):  # as Ray reads it: an explicit address wins
+        address, source = environment, "RAY_ADDRESS"
+    elif address in (None, "auto"):
+        found = read_ray_address(temp_dir)
+        if not found:  # None: start a local cluster; "auto": Ray looks among this machine's processes
+            return None, "" if address is None else "address='auto'"
+        address, source = found, f"Ray's address file {get_ray_address_file(temp_dir)}"
+    else:
+        source = "address="
+    if address in ("local", "auto") or address.startswith("ray://"):
+        return None, source
+    return address, source
+
+
+async def _answers(target: str, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at ``HOST:PORT`` within ``timeout`` seconds."""
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return True  # not ours to judge: Ray's own parser gives the error
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 def bundle_for(actor_options: Mapping[str, Any]) -> dict[str, float]:

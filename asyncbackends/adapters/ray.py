@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .._types import Capabilities, Request
 from .._wrappers._routed import RoutedBackend
+from .._wrappers.replica import ReplicaStats
 from .._wrappers.router import Replica, Router
 from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
 from ._ray_actor import ReplicaActor
@@ -105,6 +106,7 @@ class RayBackend(RoutedBackend):
         replicas: int = 1,
         options: Mapping[str, Any] | None = None,
         address: str | None = None,
+        connect_timeout: float = 5.0,
         actor_options: Mapping[str, Any] | None = None,
         on_replica_loss: OnReplicaLoss = "restart",
         routing: str = "least_loaded",
@@ -120,8 +122,12 @@ class RayBackend(RoutedBackend):
             backend: The hosted backend's registry name (or ``"module:Class"``), resolved inside the actors.
             replicas: How many actors.
             options: The hosted backend's options, as ``create_backend(backend, **options)`` takes them.
-            address: ``None`` joins ``RAY_ADDRESS`` or a cluster started on this machine, else starts a
-                local one; ``"auto"`` or ``"ray://host:10001"`` join one.
+            address: ``None`` joins ``RAY_ADDRESS`` or a cluster started on this machine (Ray's address
+                file), else starts a local one; ``"auto"``, ``"HOST:PORT"`` or ``"ray://host:10001"`` join
+                one.
+            connect_timeout: Seconds a cluster's address has to answer before joining it. An address file
+                left by a dead cluster is then reported in the log and a local cluster started; any other
+                address that does not answer fails with `BackendUnavailableError`.
             actor_options: Ray's actor options (``num_gpus``, ``num_cpus``, ``memory``, ``resources``,
                 ``runtime_env``, ...) plus ``placement_strategy`` (``"PACK"`` by default, ``"SPREAD"``,
                 ``"STRICT_PACK"``, ``"STRICT_SPREAD"``). ``num_cpus`` defaults to 1.
@@ -153,7 +159,11 @@ class RayBackend(RoutedBackend):
         hosted_options = dict(options or {})
         ray_options = {**_DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
         strategy = str(ray_options.pop("placement_strategy", "PACK")).upper()
-        cluster = await connect(address, init_options or {})
+        if not isinstance(connect_timeout, (int, float)) or isinstance(connect_timeout, bool):
+            raise InvalidRequestError(f"connect_timeout must be a number of seconds, got {connect_timeout!r}")
+        if not connect_timeout > 0:
+            raise InvalidRequestError(f"connect_timeout must be > 0, got {connect_timeout!r}")
+        cluster = await connect(address, init_options or {}, connect_timeout)
         group: PlacementGroup | None = None
         try:
             group = await reserve(replicas, bundle_for(ray_options), strategy, placement_timeout)
@@ -184,6 +194,16 @@ class RayBackend(RoutedBackend):
     def replicas(self) -> list[ActorSlot]:
         """The replica slots not dropped (a slot being restarted included)."""
         return [slot for slot in self._slots if not slot.dropped]
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        """Each replica's figures as the router sees them, with the Ray node its actor runs on now.
+
+        A replica restarted after its node was lost shows its new node; one dropped is ``"refused"``.
+        """
+        return [
+            dataclasses.replace(stats, node=slot.info.get("node_id"))
+            for stats, slot in zip(self._router.stats(), self._slots, strict=True)
+        ]
 
     @property
     def replica_events(self) -> Counter[str]:

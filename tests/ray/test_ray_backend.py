@@ -200,6 +200,9 @@ def test_bad_options_are_refused_before_anything_starts() -> None:
         ab.create_backend("ray", backend="mock", router_options={"cooldwn": 1})
     with pytest.raises(ab.InvalidRequestError, match="routing"):
         ab.create_backend("ray", backend="mock", routing="round_robin")
+    for bad in (0, -1.0, "5", True):
+        with pytest.raises(ab.InvalidRequestError, match="connect_timeout"):
+            ab.create_backend("ray", backend="mock", connect_timeout=bad)
 
 
 def test_a_second_driver_joins_through_ray_address_and_leaves_the_cluster_running(ray_cluster: Any) -> None:
