@@ -38,7 +38,7 @@ from ..types import (
     RollingLoglikelihoodRequest,
 )
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["MockBackend"]
 
@@ -77,6 +77,8 @@ class MockBackend(BaseBackend):
         seed: Seed of the failure and jitter generator.
         max_concurrency: The concurrency hint reported in `capabilities`.
         model: The model name reported in results and the fingerprint.
+        images: Claim `Capabilities.images` (accept image parts); false to test refusals.
+        tools: Claim `Capabilities.tools` (accept tools and return tool calls); false to test refusals.
     """
 
     name = "mock"
@@ -93,6 +95,8 @@ class MockBackend(BaseBackend):
         seed: int = 0,
         max_concurrency: int | None = None,
         model: str = "mock-echo",
+        images: bool = True,
+        tools: bool = True,
     ) -> None:
         if latency < 0 or jitter < 0:
             raise InvalidRequestError("latency and jitter must be >= 0")
@@ -119,6 +123,8 @@ class MockBackend(BaseBackend):
             min_tokens=True,
             json_schema=True,
             regex=True,
+            images=bool(images),
+            tools=bool(tools),
         )
         self.attempts: Counter[str | None] = Counter()
         self.in_flight = 0
@@ -188,6 +194,7 @@ class MockBackend(BaseBackend):
         refuse_unsupported(
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
         )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         constrained = self._constrained(request)
         await self._attempt(request.request_id or text, request.request_id)
         min_tokens = params.min_tokens or 0
