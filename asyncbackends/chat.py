@@ -239,11 +239,11 @@ def _data_url(data: bytes, what: str) -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
-def image_digest(url: str) -> str:
-    """A short content hash of an image URL: of the decoded bytes for a data URL, else of the URL."""
+def image_digest(url: str, length: int = 16) -> str:
+    """The SHA-256 hex digest of an image URL, cut to ``length``: of the decoded bytes for a data URL."""
     match = _DATA_URL.match(url)
     payload = base64.b64decode(match.group(3)) if match else url.encode()
-    return hashlib.sha256(payload).hexdigest()[:16]
+    return hashlib.sha256(payload).hexdigest()[:length]
 
 
 def _check_url(where: str, url: object) -> None:
