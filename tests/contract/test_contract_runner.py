@@ -152,7 +152,8 @@ def test_contract_version_is_exposed_and_names_the_newest_tests() -> None:
 
     assert "CONTRACT_VERSION" in contract.__all__
     versions = {name: version_of_test(BackendContract, name) for name in contract_tests(BackendContract)}
-    assert max(versions.values()) == CONTRACT_VERSION == 2
+    assert max(versions.values()) == CONTRACT_VERSION == 3
+    assert versions["test_named_tool_choice_obeyed"] == 3
     assert versions["test_n_samples_vary"] == 2
     assert versions["test_greedy_deterministic"] == 1
     assert added_in(3)(lambda: None).__contract_version__ == 3  # type: ignore[attr-defined]

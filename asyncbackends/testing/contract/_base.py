@@ -38,7 +38,7 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 """The suite's version: raised by one whenever a contract test is added or made stricter.
 
 Pin it (``contract_version = 1`` on your test class) to run only the contracts of that version and older:
