@@ -61,9 +61,9 @@ class ChatContract(ContractBase):
         if not backend.capabilities.images:
             content: list[dict[str, Any]] = [{"type": "text", "text": prompts[0]}]
             content.append({"type": "image_url", "image_url": {"url": _PNG_URL}})
-            requests["images"] = GenerationRequest([{"role": "user", "content": content}], params, "images")
+            requests["images"] = GenerationRequest(({"role": "user", "content": content},), params, "images")
         if not backend.capabilities.tools:
-            message = [{"role": "user", "content": prompts[0]}]
+            message = ({"role": "user", "content": prompts[0]},)
             requests["tools"] = GenerationRequest(message, params, "tools", tools=(self.tool,))
         if not requests:
             pytest.skip(f"backend {backend.name!r} claims images and tools")
@@ -86,7 +86,7 @@ class ChatContract(ContractBase):
         self.require(backend, "chat")
         for index, prompt in enumerate(prompts[:2]):
             request = GenerationRequest(
-                [{"role": "user", "content": prompt}],
+                ({"role": "user", "content": prompt},),
                 SamplingParams(max_tokens=self.structured_max_tokens),
                 f"tool-{index}",
                 tools=(self.tool,),
