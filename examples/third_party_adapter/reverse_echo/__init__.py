@@ -98,6 +98,18 @@ class ReverseEchoBackend(ab.BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
+        # Images and tools it does not claim are refused too, naming them, before anything is done.
+        unclaimed = [
+            what
+            for what, used in (("images", bool(request.images)), ("tools", request.uses_tools))
+            if used and not getattr(self.capabilities, what)
+        ]
+        if unclaimed:
+            raise ab.RequestRejectedError(
+                f"reverse-echo does not accept {' or '.join(unclaimed)}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
         text = self._prompt_text(request)
         completions = [
             await self._complete(text[::-1], request.params, i, request.request_id)
