@@ -253,3 +253,14 @@ def test_mock_refuses_what_it_is_told_not_to_claim(make_mock: Any) -> None:
     results = ab.run_batch(backend, requests, return_exceptions=True)
     assert [type(r) for r in results] == [ab.RequestRejectedError, ab.RequestRejectedError]
     assert sum(backend.attempts.values()) == 0  # refused before an attempt was made
+
+
+def test_chat_requests_and_tool_call_results_pickle() -> None:
+    # Ray replicas receive requests and send results back pickled.
+    import pickle
+
+    request = ab.GenerationRequest(_user(ab.image_part(_png())), tools=[ADD], tool_choice="add")
+    again = pickle.loads(pickle.dumps(request))
+    assert again == request and again.tools[0].parameters == ADD.parameters
+    completion = ab.Completion("", tool_calls=(ab.ToolCall("c", "add", "{}"),))
+    assert pickle.loads(pickle.dumps(completion)) == completion
