@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 
-from .types import GenerationRequest, LoglikelihoodRequest, Request
+from ._types import GenerationRequest, LoglikelihoodRequest, Request
 
 __all__ = ["TokenBucket", "estimated_tokens"]
 

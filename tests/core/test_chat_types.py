@@ -1,4 +1,4 @@
-"""Chat types: content parts, images, tools and tool calls, validated when built (asyncbackends.chat)."""
+"""Chat types: content parts, images, tools and tool calls, validated when built (asyncbackends._chat)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import asyncbackends as ab
-from asyncbackends.adapters._sampling import refuse_unclaimed_chat
+from asyncbackends._capabilities import refuse_unclaimed_chat
 
 ADD = ab.Tool(
     "add",

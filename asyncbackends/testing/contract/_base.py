@@ -13,10 +13,10 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from ...gather import RetryPolicy, run_batch
-from ...loop import get_loop_manager
-from ...protocol import AsyncBackend
-from ...types import (
+from ..._gather import RetryPolicy, run_batch
+from ..._loop import get_loop_manager
+from ..._protocol import AsyncBackend
+from ..._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,

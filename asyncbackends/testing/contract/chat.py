@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ...chat import Tool
+from ..._chat import Tool
 from ...errors import RequestRejectedError
 from ...protocol import AsyncBackend
 from ...types import GenerationRequest, SamplingParams

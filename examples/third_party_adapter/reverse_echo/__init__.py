@@ -14,6 +14,7 @@ import itertools
 import random
 
 import asyncbackends as ab
+from asyncbackends.abc import refuse_unclaimed_chat
 
 __all__ = ["ReverseEchoBackend"]
 
@@ -99,17 +100,7 @@ class ReverseEchoBackend(ab.BaseBackend):
                 request_id=request.request_id,
             )
         # Images and tools it does not claim are refused too, naming them, before anything is done.
-        unclaimed = [
-            what
-            for what, used in (("images", bool(request.images)), ("tools", request.uses_tools))
-            if used and not getattr(self.capabilities, what)
-        ]
-        if unclaimed:
-            raise ab.RequestRejectedError(
-                f"reverse-echo does not accept {' or '.join(unclaimed)}",
-                backend=self.name,
-                request_id=request.request_id,
-            )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         text = self._prompt_text(request)
         completions = [
             await self._complete(text[::-1], request.params, i, request.request_id)
