@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import pytest
 
 from ..._chat import Tool
+from ..._protocol import AsyncBackend
+from ..._types import GenerationRequest, SamplingParams
 from ...errors import RequestRejectedError
-from ...protocol import AsyncBackend
-from ...types import GenerationRequest, SamplingParams
 from ._base import ContractBase, added_in, expect
 from .sampling import _schema_problem
 
