@@ -14,6 +14,7 @@ underscore are private.
 
 from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
+from ._chat import Tool, ToolCall, image_part
 from ._gather import as_completed, gather, run_batch
 from ._loop import LoopManager, get_loop_manager
 from ._observability.callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
@@ -96,6 +97,8 @@ __all__ = [
     "SamplingParams",
     "Secret",
     "TokenUsage",
+    "Tool",
+    "ToolCall",
     "__version__",
     "acreate_backend",
     "as_completed",
@@ -103,6 +106,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "image_part",
     "limited",
     "pool",
     "register_backend",

@@ -2,18 +2,23 @@
 
 Every adapter calls `refuse_unsupported` first thing in ``generate``: a parameter set in `SamplingParams` and
 not claimed in the backend's `Capabilities` is refused with `RequestRejectedError` naming it, so an
-evaluation never runs with a setting silently dropped.
+evaluation never runs with a setting silently dropped. `refuse_unclaimed_chat` does the same for images and
+tools in a chat request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._sampling_params import OPTIONAL_SAMPLING_PARAMS, SamplingParams
 from .errors import RequestRejectedError
 
-__all__ = ["Capabilities", "refuse_unsupported"]
+if TYPE_CHECKING:  # _types imports this module
+    from ._types import GenerationRequest
+
+__all__ = ["Capabilities", "refuse_unclaimed_chat", "refuse_unsupported"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +43,12 @@ class Capabilities:
         min_tokens: Honours ``SamplingParams.min_tokens``.
         json_schema: Constrains outputs to ``SamplingParams.json_schema``.
         regex: Constrains outputs to ``SamplingParams.regex``.
+        images: Accepts image content parts in chat messages.
+        tools: Accepts tools and tool choice, and returns tool calls.
 
-    A backend refuses a request that sets an optional sampling parameter whose flag is false with
-    `RequestRejectedError` naming it, before sending anything (`unsupported` lists them).
+    A backend refuses a request that sets an optional sampling parameter whose flag is false, or that holds
+    images or tools it does not claim, with `RequestRejectedError` naming it, before sending anything
+    (`unsupported` lists the parameters).
     """
 
     loglikelihood: bool = False
@@ -60,6 +68,8 @@ class Capabilities:
     min_tokens: bool = False
     json_schema: bool = False
     regex: bool = False
+    images: bool = False
+    tools: bool = False
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""
@@ -98,4 +108,39 @@ def refuse_unsupported(
         + "; leave them None, or use a backend that honours them",
         backend=backend,
         request_id=request_id,
+    )
+
+
+def refuse_unclaimed_chat(
+    request: GenerationRequest,
+    capabilities: Capabilities,
+    *,
+    backend: str,
+    reasons: Mapping[str, str] | None = None,
+) -> None:
+    """Raise `RequestRejectedError` if ``request`` holds images or tools that ``capabilities`` do not claim.
+
+    Tools count when the request offers any or its messages hold tool calls or tool results (a backend
+    without tools could not render them faithfully).
+
+    Args:
+        request: The request about to be sent.
+        capabilities: What the backend accepts (``images``, ``tools``).
+        backend: The backend's name, for the error.
+        reasons: Why ``"images"`` or ``"tools"`` is not accepted, added to the message where given.
+    """
+    refused = []
+    if not capabilities.images and request.images:
+        refused.append("images")
+    if not capabilities.tools and request.uses_tools:
+        refused.append("tools")
+    if not refused:
+        return
+    why = "; ".join(f"{name}: {(reasons or {})[name]}" for name in refused if name in (reasons or {}))
+    raise RequestRejectedError(
+        f"{backend} does not accept {' or '.join(refused)} (its capabilities say so)"
+        + (f": {why}" if why else "")
+        + "; send a text-only request, or use a backend that accepts them",
+        backend=backend,
+        request_id=request.request_id,
     )

@@ -5,7 +5,8 @@ wrappers); this module holds what an extension author builds on:
 
 - **Adapters**: the `AsyncBackend` protocol and its optional members (`SupportsRollingLoglikelihood`,
   `SupportsFingerprint`), the optional base class `BaseBackend`, `Secret` for credentials,
-  `refuse_unsupported` (the first call in an adapter's ``generate``), `backend_fingerprint` (the identity
+  `refuse_unsupported` and `refuse_unclaimed_chat` (the first calls in an adapter's ``generate``: optional
+  sampling parameters, images and tools it does not claim), `backend_fingerprint` (the identity
   the response cache keys on), `held_slot` (an adapter's own connection slots, which ``gather``'s
   per-attempt timeout does not time), and the registry's option checks (`check_options`, `required_options`).
 - **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
@@ -20,7 +21,7 @@ Every other module of the package is private by name (a leading underscore) and 
 """
 
 from ._cache import backend_fingerprint
-from ._capabilities import refuse_unsupported
+from ._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ._clock import held_slot
 from ._observability.observe import RequestObserver, RunObserver, note_replica
 from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, SupportsRollingLoglikelihood
@@ -44,6 +45,7 @@ __all__ = [
     "held_slot",
     "is_replica_fault",
     "note_replica",
+    "refuse_unclaimed_chat",
     "refuse_unsupported",
     "required_options",
     "sent_nothing",

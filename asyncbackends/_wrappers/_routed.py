@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._capabilities import refuse_unsupported
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
 from .._types import (
@@ -75,6 +75,7 @@ class RoutedBackend(BaseBackend):
         caps, rid = self.capabilities, request.request_id
         # Refused here, not by whichever replica is picked: the backend honours only what every replica does.
         refuse_unsupported(request.params, caps, backend=self.name, request_id=rid)
+        refuse_unclaimed_chat(request, caps, backend=self.name)
         needed, kind = _PROMPT_CAPABILITIES.get(request.prompt_kind, (None, ""))
         if needed is not None and not getattr(caps, needed):
             raise RequestRejectedError(

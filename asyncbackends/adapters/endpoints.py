@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from .._capabilities import refuse_unclaimed_chat
 from .._protocol import BaseBackend, Secret
 from .._types import (
     GenerationRequest,
@@ -189,6 +190,8 @@ class EndpointsBackend(BaseBackend):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """See `AsyncBackend.generate`; sent in the endpoint's wire format."""
         self._check_open(request.request_id)
+        # Refused here as well as by the inner adapter: the endpoint answers for its capabilities.
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         return await self._inner.generate(request)
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:

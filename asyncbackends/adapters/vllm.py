@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._capabilities import refuse_unsupported
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
 from .._registry import check_options
@@ -305,6 +305,7 @@ class VLLMBackend(BaseBackend):
         self._check_open(request.request_id)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
