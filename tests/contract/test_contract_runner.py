@@ -82,7 +82,7 @@ def test_third_party_adapter_is_discovered_through_its_entry_point() -> None:
 def test_run_contract_passes_the_third_party_adapter_by_name(tmp_path: Path) -> None:
     proc = _run_contract("reverse-echo", {"api_key": "sk-third-party-77"}, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "asyncbackends contract 'reverse-echo': no contract broken (24 passed, 15 skipped)" in proc.stdout
+    assert "asyncbackends contract 'reverse-echo': no contract broken (25 passed, 15 skipped)" in proc.stdout
     assert "sk-third-party-77" not in proc.stdout + proc.stderr
 
 
