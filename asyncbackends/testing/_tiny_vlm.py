@@ -1,4 +1,4 @@
-"""A tiny random-weight Idefics3 (SmolVLM's architecture: a vision tower in front of the tiny Llama), no download.
+"""A tiny random-weight Idefics3 (SmolVLM's architecture: a vision tower before the tiny Llama), no download.
 
 vLLM loads it as multimodal (``Idefics3ForConditionalGeneration``), and its processor (the PIL
 ``Idefics3ImageProcessor`` and an ``Idefics3Processor``) is built from code, so nothing is fetched.
@@ -69,7 +69,8 @@ TINY_VLM_CHAT_TEMPLATE = (
 
 
 def _version_hash() -> str:
-    from .tiny_model import TINY_MODEL_CONFIG, _version_hash as text_hash
+    from .tiny_model import TINY_MODEL_CONFIG
+    from .tiny_model import _version_hash as text_hash
 
     recipe = {
         "recipe": _RECIPE,
@@ -78,7 +79,8 @@ def _version_hash() -> str:
         "text_config": TINY_MODEL_CONFIG,
         "vision": _VISION_CONFIG,
         "template": TINY_VLM_CHAT_TEMPLATE,
-        "tokens": [*_IMAGE_MARKERS, *_TOOL_TOKENS], "scale": _SCALE,
+        "tokens": [*_IMAGE_MARKERS, *_TOOL_TOKENS],
+        "scale": _SCALE,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -90,9 +92,9 @@ def build_tiny_vlm(path: str | os.PathLike[str] | None = None) -> Path:
         path: Where to put it; ``None`` uses ``default_cache_dir() / "tiny-idefics3-<hash>"``.
 
     Returns:
-        A directory holding an ``Idefics3ForConditionalGeneration`` (``config.json``, weights), its tokenizer with
-        the ``<image>`` token, ``processor_config.json`` (the image processor inside it), and a chat template
-        that renders images and tools.
+        A directory holding an ``Idefics3ForConditionalGeneration`` (``config.json``, weights), its
+        tokenizer with the ``<image>`` token, ``processor_config.json`` (the image processor inside it),
+        and a chat template that renders images and tools.
     """
     from .tiny_model import default_cache_dir
 
