@@ -154,7 +154,7 @@ def _write_vlm(directory: Path) -> None:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
-        model = Idefics3ForConditionalGeneration(config)
+        model = Idefics3ForConditionalGeneration(config)  # type: ignore[no-untyped-call]
         with torch.no_grad():  # as build_tiny_model: distinct greedy choices make comparisons meaningful
             for parameter in model.parameters():
                 if parameter.dim() > 1:
