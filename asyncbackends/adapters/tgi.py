@@ -46,7 +46,7 @@ from ..types import (
 )
 from ._credentials import resolve_token
 from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ._tgi_wire import (
     UNSUPPORTED_REASONS,
     TGIInfo,
@@ -245,6 +245,7 @@ class TGIBackend(BaseBackend):
         refuse_unsupported(
             params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
         )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         if kind == "chat" and params.repetition_penalty is not None:
             raise RequestRejectedError(
                 "TGI's chat route has no repetition_penalty; use a text prompt for it",
