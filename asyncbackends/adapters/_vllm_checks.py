@@ -120,6 +120,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        from ._vllm_chat import ChatPath, check_tool_parser
         from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._vllm_engine import start_engine, stop_engine
         from ._vllm_requests import completions, engine_input, prompt_ids, scoring_params, vllm_sampling
@@ -130,6 +131,8 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         RequestOutput=RequestOutput,
         AsyncLLM=AsyncLLM,
         EngineDeadError=EngineDeadError,
+        ChatPath=ChatPath,
+        check_tool_parser=check_tool_parser,
         GracefulHTTPError=GracefulHTTPError,
         VLLMClientError=VLLMClientError,
         VLLMError=VLLMError,

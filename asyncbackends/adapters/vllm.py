@@ -44,7 +44,7 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.exceptions import EngineDeadError
     from vllm.v1.engine.output_processor import RequestOutputCollector
 
+    from ._vllm_chat import ChatPath, check_tool_parser
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
     from ._vllm_requests import completions, engine_input, scoring_params, vllm_sampling
@@ -92,6 +93,9 @@ class VLLMBackend(BaseBackend):
         model: The model path or hub id it serves.
         engine_args: The options it was built with (for the fingerprint).
         max_concurrency: The concurrency hint for `gather`; ``None`` picks one from the scheduler limits.
+        tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
+            ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
+        allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
     """
 
     name = "vllm"
@@ -103,8 +107,13 @@ class VLLMBackend(BaseBackend):
         model: str,
         engine_args: Mapping[str, Any] | None = None,
         max_concurrency: int | None = None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
     ) -> None:
         self._engine: AsyncLLM | None = engine
+        self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
+        multimodal = bool(engine.model_config.is_multimodal_model)
+        self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
         self._closing: asyncio.Future[None] | None = None
         self.model = model
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
@@ -139,6 +148,8 @@ class VLLMBackend(BaseBackend):
             n_samples=True,
             seed=True,
             chat=True,
+            images=multimodal,
+            tools=True,
             token_ids=True,
             logprobs=True,
             stop=True,
@@ -153,7 +164,14 @@ class VLLMBackend(BaseBackend):
         )
 
     @classmethod
-    async def create(cls, model: str, **engine_args: Any) -> VLLMBackend:
+    async def create(
+        cls,
+        model: str,
+        *,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+        **engine_args: Any,
+    ) -> VLLMBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it.
 
         The engine starts in a thread of its own, so other backends' requests on the shared loop go on while
@@ -161,6 +179,8 @@ class VLLMBackend(BaseBackend):
 
         Args:
             model: A model directory or hub id.
+            tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
+            allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -179,6 +199,7 @@ class VLLMBackend(BaseBackend):
         await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
         check_options(cls.name, engine_args, engine_fields - {"model"})
+        check_tool_parser(tool_parser, backend=cls.name)
         options = {**engine_defaults(engine_args), **engine_args}
         try:
             args = AsyncEngineArgs(model=model, **options)
@@ -191,7 +212,8 @@ class VLLMBackend(BaseBackend):
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
         try:
-            return cls(engine, model=model, engine_args=engine_args)
+            chat = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
+            return cls(engine, model=model, engine_args=engine_args, **chat)
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
@@ -238,14 +260,14 @@ class VLLMBackend(BaseBackend):
     # -- the engine boundary ---------------------------------------------------------------------------
 
     async def _run(
-        self, prompt_ids: list[int], params: VLLMSamplingParams, request_id: str | None
+        self, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
         engine = self.engine  # raises BackendClosedError after aclose
         output: Any = None
         collector: RequestOutputCollector | None = None
         try:
-            prompt = engine_input(engine, prompt_ids)
+            prompt = engine_input(engine, prompt) if isinstance(prompt, list) else prompt  # else rendered
             # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
             # wrapper, its awaitable and the loop's weak reference to it were six more objects per request
             # in flight, all promoted to the collector's oldest generation (docs/benchmarks.md).
@@ -303,6 +325,10 @@ class VLLMBackend(BaseBackend):
         self._check_open(request.request_id)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
+        if ChatPath.wanted(request):  # images or tools: rendered by the engine, as LLM.chat does
+            self._chat.check(request)
+            return await self._generate_chat(request)
         prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
@@ -310,8 +336,20 @@ class VLLMBackend(BaseBackend):
                 Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
             )
             return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
-        output = await self._run(prompt_ids, vllm_sampling(params), request.request_id)
-        got = completions(output, logprobs=params.logprobs)
+        return self._result(request, await self._run(prompt_ids, vllm_sampling(params), request.request_id))
+
+    async def _generate_chat(self, request: GenerationRequest) -> GenerationResult:
+        sampling = self._chat.sampling(request, vllm_sampling(request.params))
+        prompt = await self._chat.render(request)
+        if request.params.max_tokens == 0:
+            empty = Completion("", (), () if request.params.logprobs else None, "length")
+            tokens = len(prompt.get("prompt_token_ids", ()))
+            return GenerationResult(request.request_id, (empty,) * request.params.n, tokens, self.model)
+        return self._result(request, await self._run(prompt, sampling, request.request_id))
+
+    def _result(self, request: GenerationRequest, output: RequestOutput) -> GenerationResult:
+        params = request.params
+        got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
         if len(got) != params.n:
             raise BackendError(
                 f"vllm returned {len(got)} completions for n={params.n}",

@@ -12,6 +12,8 @@ Its chat template renders OpenAI-style content parts (an image part becomes ``<i
 Hermes-style models do: the tools as JSON inside ``<tools>`` in a system turn, an assistant's calls as
 ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, so vLLM's ``hermes`` tool parser reads its output.
 ``<tool_call>`` and ``</tool_call>`` are ordinary added tokens (not special ones): they stay in decoded text.
+Unlike the text model's, its tokenizer adds no BOS token: the template writes it, so a rendered prompt has one
+BOS whether it is tokenized with special tokens (a processor, lm-eval's ``vllm-vlm``) or not (``LLM.chat``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 __all__ = ["IMAGE_TOKEN", "TINY_VLM_CHAT_TEMPLATE", "TINY_VLM_IMAGE_SIZE", "build_tiny_vlm"]
 
-_RECIPE = "tiny-idefics3/1"
+_RECIPE = "tiny-idefics3/2"
 _SEED = 4321
 TINY_VLM_IMAGE_SIZE = 32
 """The side, in pixels, every image is resized to."""
@@ -120,7 +122,7 @@ def build_tiny_vlm(path: str | os.PathLike[str] | None = None) -> Path:
 
 def _write_vlm(directory: Path) -> None:
     import torch
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, processors
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
@@ -133,6 +135,9 @@ def _write_vlm(directory: Path) -> None:
     from .tiny_model import TINY_MODEL_CONFIG, _train_tokenizer
 
     tokenizer = _train_tokenizer()
+    # The chat template writes the BOS token; a tokenizer that added one too would give prompts rendered
+    # by a processor (tokenized with special tokens, as lm-eval's vllm-vlm does) a second BOS.
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
     tokenizer.add_special_tokens({"additional_special_tokens": list(_IMAGE_MARKERS)})
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in _TOOL_TOKENS])
     tokenizer.chat_template = TINY_VLM_CHAT_TEMPLATE

@@ -36,7 +36,7 @@ def test_an_image_expands_to_its_patch_tokens(processor: Any) -> None:
     from PIL import Image
 
     image = Image.new("RGB", (40, 30), (200, 10, 10))
-    out = processor(text="<image>hi", images=[image])
+    out = processor(text="<image>hi", images=[image])  # no BOS added: the chat template writes it
     tokenizer = processor.tokenizer
     ids = out["input_ids"][0]
     assert ids.count(tokenizer.convert_tokens_to_ids("<image>")) == 4  # (32/8)^2 patches merged 2x2
