@@ -128,11 +128,14 @@ class ChatPath:
         choice: Any = request.tool_choice
         if choice not in ("auto", "none", "required"):
             choice = {"type": "function", "function": {"name": choice}}
-        return ChatCompletionRequest(
-            model="asyncbackends",
-            messages=[],
-            tools=[tool.to_openai() for tool in request.tools],
-            tool_choice=choice,
+        # Validated by vLLM's own model, as its server validates a request body.
+        return ChatCompletionRequest.model_validate(
+            {
+                "model": "asyncbackends",
+                "messages": [],
+                "tools": [t.to_openai() for t in request.tools],
+                "tool_choice": choice,
+            }
         )
 
     def sampling(self, request: GenerationRequest, base: VLLMSamplingParams) -> VLLMSamplingParams:

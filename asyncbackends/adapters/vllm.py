@@ -212,8 +212,14 @@ class VLLMBackend(BaseBackend):
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
         try:
-            chat = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
-            return cls(engine, model=model, engine_args=engine_args, **chat)
+            remote = allow_remote_images
+            return cls(
+                engine,
+                model=model,
+                engine_args=engine_args,
+                tool_parser=tool_parser,
+                allow_remote_images=remote,
+            )
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise

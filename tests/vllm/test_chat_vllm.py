@@ -248,3 +248,96 @@ def test_image_on_a_text_only_model_refused_before_sending(vllm_backend: Any) ->
     request = ab.GenerationRequest([{"role": "user", "content": [RED]}])
     with pytest.raises(ab.RequestRejectedError, match="not a multimodal model"):
         ab.run_batch(vllm_backend, [request], retry=ab.RetryPolicy(max_attempts=1))
+
+
+# -- lm-eval's multimodal requests, per sample against lm-eval's own vllm-vlm ------------------------------
+
+LM_EVAL_GEN = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False}
+LM_EVAL_SAMPLES = [
+    ([{"role": "user", "content": "<image>What colour is this?"}], [(200, 10, 10)]),
+    ([{"role": "user", "content": "Compare <image> and <image>, please."}], [(10, 10, 200), (10, 200, 10)]),
+    (
+        [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "<image>Colour?"},
+            {"role": "assistant", "content": "red"},
+            {"role": "user", "content": "<image>Colour?"},
+        ],
+        [(200, 10, 10), (90, 90, 90)],
+    ),
+]
+
+
+def _lm_eval_images(tmp: Path) -> list[list[str]]:
+    from PIL import Image
+
+    paths = []
+    for index, (_, colours) in enumerate(LM_EVAL_SAMPLES):
+        row = []
+        for k, colour in enumerate(colours):
+            path = tmp / f"{index}-{k}.png"
+            Image.new("RGB", (40, 30), colour).save(path)
+            row.append(str(path))
+        paths.append(row)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def lm_eval_reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Any]]:
+    pytest.importorskip("lm_eval")
+    work = tmp_path_factory.mktemp("lm_eval_vlm")
+    images = _lm_eval_images(work)
+    samples = [
+        {"history": history, "images": paths, "gen_kwargs": LM_EVAL_GEN}
+        for (history, _), paths in zip(LM_EVAL_SAMPLES, images, strict=True)
+    ]
+    (work / "samples.json").write_text(json.dumps(samples))
+    out = work / "out.json"
+    log = (work / "log.txt").open("wb")
+    options = dict(ENGINE_OPTIONS)
+    script = Path(__file__).with_name("_lm_eval_vlm_reference.py")
+    argv = [sys.executable, str(script), vlm, json.dumps(options), str(work / "samples.json"), str(out)]
+    proc = start_group(argv, stdout=log, stderr=subprocess.STDOUT)
+    yield proc, out, images
+    stop_group(proc)
+    log.close()
+
+
+def _instances(lm: Any, images: list[list[str]]) -> list[Any]:
+    import copy
+
+    from lm_eval.api.instance import Instance
+    from PIL import Image
+
+    instances = []
+    for index, ((history, _), paths) in enumerate(zip(LM_EVAL_SAMPLES, images, strict=True)):
+        context = lm.apply_chat_template(copy.deepcopy(history), add_generation_prompt=True)
+        visual = [Image.open(path).convert("RGB") for path in paths]
+        arguments = (context, dict(LM_EVAL_GEN), {"visual": visual})
+        instances.append(Instance("generate_until", doc={}, arguments=arguments, idx=index))
+    return instances
+
+
+def test_lm_eval_multimodal_matches_its_vllm_vlm_per_sample(
+    vlm_backend: Any, lm_eval_reference: tuple[Any, Path, Any]
+) -> None:
+    from asyncbackends.integrations.lm_eval import AsyncBackendsLM
+
+    proc, out, images = lm_eval_reference
+    lm = AsyncBackendsLM(vlm_backend, progress=False)
+    assert lm.MULTIMODAL
+    got = lm.generate_until(_instances(lm, images))
+    assert proc.wait(timeout=300) == 0, f"lm-eval vllm-vlm failed; see {out.with_name('log.txt')}"
+    want = json.loads(out.read_text())
+    assert len(got) == len(want) == len(LM_EVAL_SAMPLES)
+    assert got == want
+    assert len(set(want)) > 1  # the samples differ, so equal lists are not one answer repeated
+
+
+def test_lm_eval_images_refused_on_a_backend_without_them(vllm_backend: Any, tmp_path: Path) -> None:
+    from asyncbackends.integrations.lm_eval import AsyncBackendsLM
+
+    lm = AsyncBackendsLM(vllm_backend, progress=False)
+    assert not lm.MULTIMODAL
+    with pytest.raises(ab.InvalidRequestError, match="does not accept them"):
+        lm.generate_until(_instances(lm, _lm_eval_images(tmp_path)))
