@@ -100,7 +100,12 @@ class ChatPath:
             )
 
     async def render(self, request: GenerationRequest) -> Any:
-        """The engine input ``LLM.chat`` makes of this request's messages and tools."""
+        """The engine input ``LLM.chat`` makes of this request's messages and tools (after `check`).
+
+        Raises:
+            RequestRejectedError: What `check` refuses, or the engine cannot render the messages.
+        """
+        self.check(request)
         tools = [tool.to_openai() for tool in request.tools] or None
         # What LLM.chat passes (vllm/entrypoints/common/offline.py _preprocess_chat).
         params = ChatParams(

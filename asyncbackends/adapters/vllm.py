@@ -46,6 +46,7 @@ from ..types import (
 )
 from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._vllm_checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
 if TYPE_CHECKING:
@@ -66,23 +67,6 @@ if TYPE_CHECKING:
     from ._vllm_requests import prompt_ids as translate_prompt
 
 __all__ = ["VLLMBackend"]
-
-# Engine options that change outputs: they go into the response cache's fingerprint.
-_FINGERPRINT_OPTIONS = (
-    "tokenizer",
-    "revision",
-    "tokenizer_revision",
-    "code_revision",
-    "quantization",
-    "load_format",
-    "hf_overrides",
-    "kv_cache_dtype",
-    "seed",
-    "enable_lora",
-    "max_lora_rank",
-    "generation_config",
-    "override_generation_config",
-)
 
 
 class VLLMBackend(BaseBackend):
@@ -332,29 +316,19 @@ class VLLMBackend(BaseBackend):
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
-        if ChatPath.wanted(request):  # images or tools: rendered by the engine, as LLM.chat does
-            self._chat.check(request)
-            return await self._generate_chat(request)
-        prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
+        chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
+        prompt: Any = (
+            await self._chat.render(request)
+            if chat
+            else translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
+        )
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
-            empty = tuple(
-                Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
-            )
-            return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
-        return self._result(request, await self._run(prompt_ids, vllm_sampling(params), request.request_id))
-
-    async def _generate_chat(self, request: GenerationRequest) -> GenerationResult:
-        sampling = self._chat.sampling(request, vllm_sampling(request.params))
-        prompt = await self._chat.render(request)
-        if request.params.max_tokens == 0:
-            empty = Completion("", (), () if request.params.logprobs else None, "length")
-            tokens = len(prompt.get("prompt_token_ids", ()))
-            return GenerationResult(request.request_id, (empty,) * request.params.n, tokens, self.model)
-        return self._result(request, await self._run(prompt, sampling, request.request_id))
-
-    def _result(self, request: GenerationRequest, output: RequestOutput) -> GenerationResult:
-        params = request.params
+            empty = Completion("", (), () if params.logprobs else None, "length")
+            length = len(prompt["prompt_token_ids"] if chat else prompt)
+            return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
+        sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
+        output = await self._run(prompt, sampling, request.request_id)
         got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
         if len(got) != params.n:
             raise BackendError(
