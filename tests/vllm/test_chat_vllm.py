@@ -7,6 +7,7 @@ weights and messages in a subprocess started beside it (two engines never share 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ REQUIRED_SCHEMA = {
     },
 }
 HERMES_CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+HERMES_REGEX = re.escape(HERMES_CALL)  # the braces are repetition counts in a regex
 
 
 def _image(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> dict[str, Any]:
@@ -204,7 +206,7 @@ def test_required_tool_choice_is_a_list_of_calls(vlm_backend: Any) -> None:
 
 def test_auto_output_is_read_by_the_named_tool_parser(vlm_backend: Any, reference: dict[str, Any]) -> None:
     # The regex makes the model write a Hermes tool call, which the hermes parser must read back.
-    params = ab.SamplingParams(max_tokens=40, temperature=0.0, regex=HERMES_CALL)
+    params = ab.SamplingParams(max_tokens=40, temperature=0.0, regex=HERMES_REGEX)
     request = ab.GenerationRequest(CASES["tools_none"][0], params, tools=(ADD,), tool_choice="auto")
     (result,) = ab.run_batch(vlm_backend, [request])
     completion = result.completions[0]
