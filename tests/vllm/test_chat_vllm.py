@@ -49,7 +49,8 @@ REQUIRED_SCHEMA = {
     },
 }
 HERMES_CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-HERMES_REGEX = re.escape(HERMES_CALL)  # the braces are repetition counts in a regex
+# The call as a regex matching only itself: braces are repetition counts (re.escape would also escape spaces).
+HERMES_REGEX = re.sub(r"([{}\[\]().*+?^$|\\])", r"\\\1", HERMES_CALL)
 
 
 def _image(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def _reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
             "messages": CASES["tools_none"][0],
             "tools": [ADD.to_openai()],
             "max_tokens": 40,
-            "regex": HERMES_CALL,
+            "regex": HERMES_REGEX,
         }
     )
     (work / "cases.json").write_text(json.dumps(cases))
