@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
+from .._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from ._scoring import ScoringPlan
 
 __all__ = [

@@ -18,10 +18,10 @@ import logging
 import warnings
 from typing import Any
 
-from ..chat import ToolCall
+from .._chat import ToolCall
+from .._registry import check_options
+from .._types import Completion, GenerationRequest
 from ..errors import InvalidRequestError, RequestRejectedError
-from ..registry import check_options
-from ..types import Completion, GenerationRequest
 
 with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as in _vllm_requests
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -29,13 +29,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
-from ..protocol import BaseBackend, Secret
-from ..types import (
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._protocol import BaseBackend, Secret
+from .._types import (
     Completion,
     GenerationRequest,
     GenerationResult,
 )
+from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ._credentials import split_url_credentials
 from ._http import (
     HTTPResponse,
@@ -51,7 +52,6 @@ from ._openai_wire import (
     completion_payload,
     parse_completions,
 )
-from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["OpenAIBackend"]
 

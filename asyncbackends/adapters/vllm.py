@@ -23,19 +23,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._loop import get_loop_manager
+from .._protocol import BaseBackend
+from .._registry import check_options
 from .._tasks import all_or_nothing
-from ..errors import (
-    BackendBrokenError,
-    BackendClosedError,
-    BackendError,
-    InvalidRequestError,
-    RateLimitedError,
-    RequestRejectedError,
-)
-from ..loop import get_loop_manager
-from ..protocol import BaseBackend
-from ..registry import check_options
-from ..types import (
+from .._types import (
     Capabilities,
     Completion,
     GenerationRequest,
@@ -44,7 +37,14 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._sampling import refuse_unclaimed_chat, refuse_unsupported
+from ..errors import (
+    BackendBrokenError,
+    BackendClosedError,
+    BackendError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm

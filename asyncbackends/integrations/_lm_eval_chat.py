@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..chat import image_part
+from .._chat import image_part
 from ..errors import InvalidRequestError
 
 __all__ = ["IMAGE_PLACEHOLDER", "chat_prompt", "encode_history", "refuse_chat_scoring"]

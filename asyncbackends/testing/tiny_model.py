@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "TINY_MODEL_CONFIG", "build_tiny_model", "build_tiny_vlm", "default_cache_dir"]
+__all__ = ["CHAT_TEMPLATE", "TINY_MODEL_CONFIG", "build_tiny_model", "default_cache_dir"]
 
 # Bump when the build changes in a way the hashed inputs below do not capture.
 _RECIPE = "tiny-llama/1"
@@ -170,7 +170,8 @@ def _train_tokenizer() -> Any:
     return tokenizer
 
 
-# The vision-language sibling lives in its own module (one model recipe each); imported last, since it reads
+# The vision-language sibling lives in its own module (one model recipe each; its __all__ is its home) and is
+# importable from here too; imported last, since it reads
 # this module's tokenizer recipe.
 from ._tiny_vlm import build_tiny_vlm  # noqa: E402
 

@@ -18,7 +18,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance
 
 import asyncbackends as ab
-from asyncbackends.chat import image_digest
+from asyncbackends._chat import image_digest
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
 GEN = {"until": ["\n\n"], "max_gen_toks": 200, "do_sample": False}
