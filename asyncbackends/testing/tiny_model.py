@@ -171,9 +171,8 @@ def _train_tokenizer() -> Any:
 
 
 # The vision-language sibling lives in its own module (one model recipe each; its __all__ is its home) and is
-# importable from here too; imported last, since it reads
-# this module's tokenizer recipe.
-from ._tiny_vlm import build_tiny_vlm  # noqa: E402
+# importable from here too; imported last, since it reads this module's tokenizer recipe.
+from ._tiny_vlm import build_tiny_vlm as build_tiny_vlm  # noqa: E402
 
 if __name__ == "__main__":
     print(build_tiny_model())
