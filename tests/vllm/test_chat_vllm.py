@@ -156,7 +156,7 @@ def vlm_backend(vlm: str, _reference: Any) -> Iterator[Any]:
 
 def _request(name: str, **overrides: Any) -> ab.GenerationRequest:
     messages, tools, choice, _ = CASES[name]
-    params = ab.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, **overrides)
+    params = ab.SamplingParams(**{"max_tokens": MAX_TOKENS, "temperature": 0.0, **overrides})
     return ab.GenerationRequest(messages, params, tools=tools, tool_choice=choice)
 
 
@@ -219,7 +219,7 @@ def test_auto_output_is_read_by_the_named_tool_parser(vlm_backend: Any, referenc
 
 
 def test_auto_output_the_parser_cannot_read_comes_back_as_text(vlm_backend: Any) -> None:
-    params = ab.SamplingParams(max_tokens=12, temperature=0.0, regex='<tool_call>\\{"name": oops')
+    params = ab.SamplingParams(max_tokens=40, temperature=0.0, regex='<tool_call>\\{"name": oops')
     request = ab.GenerationRequest(CASES["tools_none"][0], params, tools=(ADD,), tool_choice="auto")
     (result,) = ab.run_batch(vlm_backend, [request])
     completion = result.completions[0]
