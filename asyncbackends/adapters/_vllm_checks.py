@@ -21,10 +21,35 @@ from .._install import pip_install
 from .._registry import check_options
 from ..errors import BackendNotFoundError, InvalidRequestError
 
-__all__ = ["CPU_KV_CACHE_BYTES", "INSTALL_HINT", "check_before_import", "engine_defaults", "import_vllm"]
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "FINGERPRINT_OPTIONS",
+    "INSTALL_HINT",
+    "check_before_import",
+    "engine_defaults",
+    "import_vllm",
+]
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache a CPU engine gets when nothing says otherwise: 1 GiB, as ``VLLM_CPU_KVCACHE_SPACE=1``."""
+
+# Engine options that change outputs: they go into the response cache's fingerprint.
+FINGERPRINT_OPTIONS = (
+    "tokenizer",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+    "quantization",
+    "load_format",
+    "hf_overrides",
+    "kv_cache_dtype",
+    "seed",
+    "enable_lora",
+    "max_lora_rank",
+    "generation_config",
+    "override_generation_config",
+)
+"""Engine options that change outputs: they go into the response cache's fingerprint."""
 
 INSTALL_HINT = pip_install("vllm")
 
@@ -121,6 +146,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        from ._vllm_chat import ChatPath, check_tool_parser
         from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._vllm_engine import start_engine, stop_engine
         from ._vllm_requests import completions, engine_input, prompt_ids, scoring_params, vllm_sampling
@@ -131,6 +157,8 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         RequestOutput=RequestOutput,
         AsyncLLM=AsyncLLM,
         EngineDeadError=EngineDeadError,
+        ChatPath=ChatPath,
+        check_tool_parser=check_tool_parser,
         GracefulHTTPError=GracefulHTTPError,
         VLLMClientError=VLLMClientError,
         VLLMError=VLLMError,

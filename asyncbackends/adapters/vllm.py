@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ._checkpoint import checkpoint_fields
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._vllm_checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
 if TYPE_CHECKING:
@@ -60,29 +61,13 @@ if TYPE_CHECKING:
     from vllm.v1.engine.exceptions import EngineDeadError
     from vllm.v1.engine.output_processor import RequestOutputCollector
 
+    from ._vllm_chat import ChatPath, check_tool_parser
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
     from ._vllm_requests import completions, engine_input, scoring_params, vllm_sampling
     from ._vllm_requests import prompt_ids as translate_prompt
 
 __all__ = ["VLLMBackend"]
-
-# Engine options that change outputs: they go into the response cache's fingerprint.
-_FINGERPRINT_OPTIONS = (
-    "tokenizer",
-    "revision",
-    "tokenizer_revision",
-    "code_revision",
-    "quantization",
-    "load_format",
-    "hf_overrides",
-    "kv_cache_dtype",
-    "seed",
-    "enable_lora",
-    "max_lora_rank",
-    "generation_config",
-    "override_generation_config",
-)
 
 
 class VLLMBackend(BaseBackend):
@@ -93,6 +78,9 @@ class VLLMBackend(BaseBackend):
         model: The model path or hub id it serves.
         engine_args: The options it was built with (for the fingerprint).
         max_concurrency: The concurrency hint for `gather`; ``None`` picks one from the scheduler limits.
+        tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
+            ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
+        allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
     """
 
     name = "vllm"
@@ -104,8 +92,13 @@ class VLLMBackend(BaseBackend):
         model: str,
         engine_args: Mapping[str, Any] | None = None,
         max_concurrency: int | None = None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
     ) -> None:
         self._engine: AsyncLLM | None = engine
+        self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
+        multimodal = bool(engine.model_config.is_multimodal_model)
+        self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
         self._closing: asyncio.Future[None] | None = None
         self.model = model
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
@@ -141,6 +134,8 @@ class VLLMBackend(BaseBackend):
             n_samples=True,
             seed=True,
             chat=True,
+            images=multimodal,
+            tools=True,
             token_ids=True,
             logprobs=True,
             stop=True,
@@ -155,7 +150,14 @@ class VLLMBackend(BaseBackend):
         )
 
     @classmethod
-    async def create(cls, model: str, **engine_args: Any) -> VLLMBackend:
+    async def create(
+        cls,
+        model: str,
+        *,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+        **engine_args: Any,
+    ) -> VLLMBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it.
 
         The engine starts in a thread of its own, so other backends' requests on the shared loop go on while
@@ -163,6 +165,8 @@ class VLLMBackend(BaseBackend):
 
         Args:
             model: A model directory or hub id.
+            tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
+            allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -181,6 +185,7 @@ class VLLMBackend(BaseBackend):
         await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
         check_options(cls.name, engine_args, engine_fields - {"model"})
+        check_tool_parser(tool_parser, backend=cls.name)
         options = {**engine_defaults(engine_args), **engine_args}
         try:
             args = AsyncEngineArgs(model=model, **options)
@@ -193,7 +198,14 @@ class VLLMBackend(BaseBackend):
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
         try:
-            return cls(engine, model=model, engine_args=engine_args)
+            remote = allow_remote_images
+            return cls(
+                engine,
+                model=model,
+                engine_args=engine_args,
+                tool_parser=tool_parser,
+                allow_remote_images=remote,
+            )
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
@@ -240,14 +252,14 @@ class VLLMBackend(BaseBackend):
     # -- the engine boundary ---------------------------------------------------------------------------
 
     async def _run(
-        self, prompt_ids: list[int], params: VLLMSamplingParams, request_id: str | None
+        self, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
         engine = self.engine  # raises BackendClosedError after aclose
         output: Any = None
         collector: RequestOutputCollector | None = None
         try:
-            prompt = engine_input(engine, prompt_ids)
+            prompt = engine_input(engine, prompt) if isinstance(prompt, list) else prompt  # else rendered
             # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
             # wrapper, its awaitable and the loop's weak reference to it were six more objects per request
             # in flight, all promoted to the collector's oldest generation (docs/benchmarks.md).
@@ -305,16 +317,21 @@ class VLLMBackend(BaseBackend):
         self._check_open(request.request_id)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
-        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
-        prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
+        chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
+        prompt: Any = (
+            await self._chat.render(request)
+            if chat
+            else translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
+        )
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
-            empty = tuple(
-                Completion("", (), () if params.logprobs else None, "length") for _ in range(params.n)
-            )
-            return GenerationResult(request.request_id, empty, len(prompt_ids), self.model)
-        output = await self._run(prompt_ids, vllm_sampling(params), request.request_id)
-        got = completions(output, logprobs=params.logprobs)
+            empty = Completion("", (), () if params.logprobs else None, "length")
+            length = len(prompt["prompt_token_ids"] if chat else prompt)
+            return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
+        sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
+        output = await self._run(prompt, sampling, request.request_id)
+        got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
         if len(got) != params.n:
             raise BackendError(
                 f"vllm returned {len(got)} completions for n={params.n}",

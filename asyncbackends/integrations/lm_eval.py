@@ -44,6 +44,7 @@ from .._types import (
     SamplingParams,
 )
 from ..errors import InvalidRequestError
+from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
 
 __all__ = ["MODEL_NAME", "AsyncBackendsLM", "main"]
 
@@ -139,6 +140,23 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         self.ignore_gen_kwargs = frozenset(n.strip() for n in names if n.strip())
         self._ignored_gen_keys: set[str] = set()
         self._warned_is_greedy = False
+        # lm-eval runs multimodal tasks only on a model that says it takes images.
+        self.MULTIMODAL = bool(getattr(self.backend.capabilities, "images", False))
+
+    @property
+    def tokenizer_name(self) -> str:
+        """What renders chat prompts (the backend), for lm-eval's request-cache fingerprint."""
+        return f"asyncbackends/{self.backend_name}/{getattr(self.backend, 'model', '')}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str:
+        """The backend applies its model's own template: nothing to choose here (lm-eval's fingerprint)."""
+        return f"backend:{self.backend_name}"
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """Keep the messages: the backend renders them (``<image>`` placeholders become its image parts)."""
+        return encode_history(chat_history, add_generation_prompt)
 
     @property
     def backend_name(self) -> str:
@@ -169,6 +187,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
     def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """Score each ``(context, continuation)``: returns ``(logprob, is_greedy)`` per request, in order."""
         args = [tuple(request.args) for request in requests]
+        refuse_chat_scoring([arg[0] for arg in args])
         batch = []
         for index, (context, continuation) in enumerate(args):
             context, continuation = split_trailing_space(context, continuation)
@@ -193,6 +212,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
     def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
         """Score each whole text (perplexity tasks): the summed logprob of every token, in order."""
         args = [tuple(request.args) for request in requests]
+        refuse_chat_scoring([arg[0] for arg in args])
         batch = [RollingLoglikelihoodRequest(arg[0], request_id=f"rolling-{i}") for i, arg in enumerate(args)]
         results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood_rolling")
         answers = []
@@ -248,17 +268,36 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         )
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
-        """Generate for each ``(context, gen_kwargs)`` until a stop string or the token limit, in order."""
+        """Generate for each ``(context, gen_kwargs)`` until a stop string or the token limit, in order.
+
+        A multimodal request (``(context, gen_kwargs, {"visual": images})``) becomes a chat prompt with image
+        parts where the context's ``<image>`` placeholders are; it needs ``--apply_chat_template`` and a
+        backend whose capabilities include images.
+
+        Raises:
+            InvalidRequestError: Images for a backend without them, or without ``--apply_chat_template``.
+        """
         args = [tuple(request.args) for request in requests]
+        visuals = [arg[2].get("visual") if len(arg) > 2 and arg[2] else None for arg in args]
+        if any(visuals) and not self.MULTIMODAL:
+            raise InvalidRequestError(
+                f"lm-eval sent images, and backend {self.backend_name!r} does not accept them (its "
+                "capabilities.images is false): use an image-capable backend, e.g. vllm with a "
+                "vision-language model"
+            )
         batch = [
-            GenerationRequest(context, self.sampling_params(gen_kwargs), request_id=f"generate-{index}")
-            for index, (context, gen_kwargs) in enumerate(args)
+            GenerationRequest(
+                chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
+                self.sampling_params(arg[1]),
+                request_id=f"generate-{index}",
+            )
+            for index, (arg, visual) in enumerate(zip(args, visuals, strict=True))
         ]
         # Longest prompts first: the last requests to start are the short ones, so the run's tail is short.
         order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0]))
         results: list[GenerationResult] = self._run(batch, "generate_until", order)
         answers = []
-        for arg, request, result in zip(args, batch, results, strict=True):
+        for arg, request, result in zip([a[:2] for a in args], batch, results, strict=True):
             text = result.text
             # A backend that ignores stop strings would leak the text after them: cut as lm-eval's models do.
             for stop in request.params.stop:

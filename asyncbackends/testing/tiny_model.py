@@ -6,7 +6,8 @@ gives the same outputs in every engine, which makes transformers an independent 
 
 The directory is built once and cached under ``~/.cache/asyncbackends/`` (or ``$ASYNCBACKENDS_CACHE_DIR``),
 in a folder named after a hash of everything that shapes it, so a change to the recipe builds a new one.
-``python -m asyncbackends.testing.tiny_model`` builds it and prints its path.
+``python -m asyncbackends.testing.tiny_model`` builds it and prints its path. `build_tiny_vlm` builds its
+vision-language sibling (images and tools; see `asyncbackends.testing._tiny_vlm`).
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ def _train_tokenizer() -> Any:
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
+
+# The vision-language sibling lives in its own module (one model recipe each; its __all__ is its home) and is
+# importable from here too; imported last, since it reads this module's tokenizer recipe.
+from ._tiny_vlm import build_tiny_vlm as build_tiny_vlm  # noqa: E402
 
 if __name__ == "__main__":
     print(build_tiny_model())
