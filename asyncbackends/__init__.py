@@ -12,6 +12,7 @@ Importing this package imports no engine: adapters import theirs when they are b
 
 from .cache import ResponseCache
 from .callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
+from .chat import Tool, ToolCall, image_part
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -86,6 +87,8 @@ __all__ = [
     "SamplingParams",
     "Secret",
     "TokenUsage",
+    "Tool",
+    "ToolCall",
     "__version__",
     "acreate_backend",
     "as_completed",
@@ -93,6 +96,7 @@ __all__ = [
     "create_backend",
     "gather",
     "get_loop_manager",
+    "image_part",
     "limited",
     "pool",
     "register_backend",

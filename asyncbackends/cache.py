@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .chat import image_digest
 from .errors import InvalidRequestError
 from .protocol import AsyncBackend, SupportsFingerprint
 from .types import (
@@ -33,6 +34,7 @@ from .types import (
     LoglikelihoodResult,
     Request,
     Result,
+    ToolCall,
 )
 
 __all__ = ["CacheReadWarning", "ResponseCache", "backend_fingerprint", "open_cache"]
@@ -66,7 +68,28 @@ def _canonical_request(request: Request) -> dict[str, Any]:
     data = dataclasses.asdict(request)
     data.pop("request_id", None)
     data["type"] = type(request).__name__
+    if isinstance(request, GenerationRequest):
+        # Left out at their defaults, so a text request's key is what it was before tools existed.
+        if not request.tools:
+            data.pop("tools")
+        if request.tool_choice == "auto":
+            data.pop("tool_choice")
+        if request.images:
+            data["prompt"] = [_hash_images(m) for m in data["prompt"]]
     return data
+
+
+def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
+    # An image counts by its content: the same bytes key the same however the data URL was written.
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = [
+            {**p, "image_url": {**p["image_url"], "url": "sha256:" + image_digest(p["image_url"]["url"], 64)}}
+            if p.get("type") == "image_url"
+            else p
+            for p in content
+        ]
+    return message
 
 
 def _jsonable(value: object) -> object:
@@ -97,6 +120,7 @@ def _decode(kind: str, value: str, request_id: str | None) -> Result:
                 token_ids=tuple(c["token_ids"]),
                 logprobs=_tuple(c["logprobs"]),
                 finish_reason=c["finish_reason"],
+                tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
             )
             for c in data.pop("completions")
         )

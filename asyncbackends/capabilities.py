@@ -31,9 +31,12 @@ class Capabilities:
         min_tokens: Honours ``SamplingParams.min_tokens``.
         json_schema: Constrains outputs to ``SamplingParams.json_schema``.
         regex: Constrains outputs to ``SamplingParams.regex``.
+        images: Accepts image content parts in chat messages.
+        tools: Accepts tools and tool choice, and returns tool calls.
 
-    A backend refuses a request that sets an optional sampling parameter whose flag is false with
-    `RequestRejectedError` naming it, before sending anything (`unsupported` lists them).
+    A backend refuses a request that sets an optional sampling parameter whose flag is false, or that holds
+    images or tools it does not claim, with `RequestRejectedError` naming it, before sending anything
+    (`unsupported` lists the parameters).
     """
 
     loglikelihood: bool = False
@@ -53,6 +56,8 @@ class Capabilities:
     min_tokens: bool = False
     json_schema: bool = False
     regex: bool = False
+    images: bool = False
+    tools: bool = False
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""

@@ -74,7 +74,7 @@ def parse_request(record: Any) -> Request:
     if request_id is not None and not isinstance(request_id, str):
         request_id = str(request_id)
     fields: dict[str, Sequence[str]] = {
-        "generate": ("prompt", "params"),
+        "generate": ("prompt", "params", "tools", "tool_choice"),
         "loglikelihood": ("context", "continuation"),
         "loglikelihood_rolling": ("text",),
     }
@@ -90,7 +90,14 @@ def parse_request(record: Any) -> Request:
             params = record.get("params") or {}
             if not isinstance(params, dict):
                 raise InvalidRequestError("params must be an object")
-            return GenerationRequest(record["prompt"], SamplingParams(**params), request_id)
+            return GenerationRequest(
+                record["prompt"],
+                SamplingParams(**params),
+                request_id,
+                # OpenAI's {"type": "function", "function": {...}} entries, read by GenerationRequest.
+                tools=record.get("tools") or (),
+                tool_choice=record.get("tool_choice", "auto"),
+            )
         if kind == "loglikelihood":
             return LoglikelihoodRequest(record.get("context", ""), record.get("continuation", ""), request_id)
         return RollingLoglikelihoodRequest(record.get("text", ""), request_id)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from ._field_checks import as_floats, as_ints, check_request_id, is_int, set_field
+from .chat import ToolCall
 from .errors import InvalidRequestError
 
 __all__ = ["Completion", "FinishReason", "GenerationResult", "LoglikelihoodResult", "Result"]
 
-FinishReason: TypeAlias = Literal["stop", "length", "abort", "error"] | str
+FinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "abort", "error"] | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +23,16 @@ class Completion:
         text: The generated text (the prompt not included; stop strings not included).
         token_ids: The generated token ids, where the backend reports them.
         logprobs: Each generated token's logprob, when asked for and available.
-        finish_reason: Why generation stopped: ``"stop"``, ``"length"``, or the backend's word.
+        finish_reason: Why generation stopped: ``"stop"``, ``"length"``, ``"tool_calls"`` (set when
+            ``tool_calls`` holds any and the backend said ``"stop"`` or nothing), or the backend's word.
+        tool_calls: The tool calls the model made (`ToolCall`; the arguments as the JSON text it produced).
     """
 
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
     finish_reason: FinishReason | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def __post_init__(self) -> None:
         # Checked cheaply (results are built once per request on the hot path) but enough that every
@@ -44,6 +48,17 @@ class Completion:
             set_field(self, "logprobs", as_floats("logprobs", self.logprobs))
         if self.finish_reason is not None and not isinstance(self.finish_reason, str):
             raise InvalidRequestError(f"finish_reason must be a str or None, got {self.finish_reason!r}")
+        if self.tool_calls:
+            if type(self.tool_calls) is not tuple:
+                if isinstance(self.tool_calls, (str, bytes)) or not isinstance(self.tool_calls, Sequence):
+                    raise InvalidRequestError("tool_calls must be a sequence of ToolCall")
+                set_field(self, "tool_calls", tuple(self.tool_calls))
+            if not all(type(c) is ToolCall for c in self.tool_calls):
+                raise InvalidRequestError("tool_calls must be a sequence of ToolCall")
+            if self.finish_reason in (None, "stop"):
+                set_field(self, "finish_reason", "tool_calls")
+        elif type(self.tool_calls) is not tuple:
+            set_field(self, "tool_calls", ())
 
 
 @dataclass(frozen=True, slots=True)

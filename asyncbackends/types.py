@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from ._field_checks import check_request_id, is_int, set_field
 from .capabilities import Capabilities
+from .chat import CHAT_ROLES, TOOL_CHOICES, ChatMessage, Tool, ToolCall, image_urls, normalise_message
+from .chat import uses_tools as _uses_tools
 from .errors import InvalidRequestError
 from .results import Completion, GenerationResult, LoglikelihoodResult, Result
 from .results import FinishReason as FinishReason
@@ -36,16 +38,12 @@ __all__ = [
     "Result",
     "RollingLoglikelihoodRequest",
     "SamplingParams",
+    "Tool",
+    "ToolCall",
 ]
-
-ChatMessage: TypeAlias = Mapping[str, str]
-"""One chat message: ``{"role": "user", "content": "..."}``."""
 
 Prompt: TypeAlias = str | tuple[ChatMessage, ...] | tuple[int, ...]
 """A prompt after normalisation: text, chat messages, or token ids."""
-
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-"""The chat roles a `GenerationRequest` accepts."""
 
 
 def _normalise_prompt(prompt: object) -> Prompt:
@@ -65,21 +63,8 @@ def _normalise_prompt(prompt: object) -> Prompt:
             raise InvalidRequestError("prompt token ids must be >= 0")
         return tuple(prompt)
     if all(isinstance(m, Mapping) for m in prompt):
-        return tuple(_normalise_message(i, m) for i, m in enumerate(prompt))
+        return tuple(normalise_message(i, m) for i, m in enumerate(prompt))
     raise InvalidRequestError("prompt list must hold only token ids (int) or only chat messages (dict)")
-
-
-def _normalise_message(index: int, message: Mapping[str, Any]) -> ChatMessage:
-    role = message.get("role")
-    if role not in CHAT_ROLES:
-        raise InvalidRequestError(f"prompt[{index}].role must be one of {sorted(CHAT_ROLES)}, got {role!r}")
-    content = message.get("content")
-    if not isinstance(content, str):
-        raise InvalidRequestError(f"prompt[{index}].content must be a str, got {type(content).__name__}")
-    extra = set(message) - {"role", "content", "name"}
-    if extra:
-        raise InvalidRequestError(f"prompt[{index}] has unknown keys {sorted(extra)}")
-    return dict(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +72,50 @@ class GenerationRequest:
     """Generate text for one prompt.
 
     Args:
-        prompt: Text, a list of chat messages (``{"role", "content"}``), or a list of token ids.
+        prompt: Text, a list of chat messages in OpenAI's shape (``{"role", "content"}``, content parts,
+            ``tool_calls``, ``role: "tool"`` messages: see `asyncbackends.chat`), or a list of token ids.
         params: How to sample.
         request_id: Your id for this request; echoed in its result and errors.
+        tools: The functions the model may call (`Tool`, or OpenAI's ``{"type": "function", ...}`` dicts);
+            only with a chat prompt.
+        tool_choice: ``"auto"`` (the model decides), ``"none"``, ``"required"`` (at least one call) or the
+            name of one of ``tools`` (a call to it).
     """
 
     prompt: Prompt
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
 
     def __post_init__(self) -> None:
         set_field(self, "prompt", _normalise_prompt(self.prompt))
         if not isinstance(self.params, SamplingParams):
             raise InvalidRequestError(f"params must be SamplingParams, got {type(self.params).__name__}")
         check_request_id(self.request_id)
+        set_field(self, "tools", _normalise_tools(self.tools))
+        if self.tools and self.prompt_kind != "chat":
+            raise InvalidRequestError("tools need a chat prompt (a list of messages)")
+        names = {t.name for t in self.tools}
+        if not isinstance(self.tool_choice, str) or (
+            self.tool_choice not in TOOL_CHOICES and self.tool_choice not in names
+        ):
+            raise InvalidRequestError(
+                "tool_choice must be 'auto', 'none', 'required' or the name of one of tools "
+                f"{sorted(names)}, got {self.tool_choice!r}"
+            )
+        if self.tool_choice == "required" and not self.tools:
+            raise InvalidRequestError("tool_choice='required' needs tools")
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        """The URLs of the prompt's image parts, in order (empty for text and token prompts)."""
+        return tuple(image_urls(self.prompt)) if self.prompt_kind == "chat" else ()  # type: ignore[arg-type]
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the request offers tools or its messages hold tool calls or tool results."""
+        return bool(self.tools) or (self.prompt_kind == "chat" and _uses_tools(self.prompt))  # type: ignore[arg-type]
 
     @property
     def prompt_kind(self) -> Literal["text", "chat", "tokens"]:
@@ -148,6 +163,16 @@ class RollingLoglikelihoodRequest:
         if not isinstance(self.text, str) or not self.text:
             raise InvalidRequestError("text must be a non-empty str")
         check_request_id(self.request_id)
+
+
+def _normalise_tools(tools: object) -> tuple[Tool, ...]:
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidRequestError(f"tools must be a sequence of Tool, got {type(tools).__name__}")
+    out = tuple(t if isinstance(t, Tool) else Tool.from_openai(t) for t in tools)
+    names = [t.name for t in out]
+    if len(set(names)) != len(names):
+        raise InvalidRequestError(f"tools must have distinct names, got {names}")
+    return out
 
 
 Request: TypeAlias = GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import io
 import json
 import time
 from collections.abc import Mapping
@@ -312,7 +313,10 @@ class HTTPTransport:
         kwargs: dict[str, Any] = {}
         if json_body is not None:
             # Encoded here rather than by aiohttp's json= so the compact separators are ours to choose.
-            kwargs["data"] = _dumps(json_body).encode()
+            data = _dumps(json_body).encode()
+            # aiohttp warns (ResourceWarning) on raw bytes over 1 MiB, as large images make; a BytesIO
+            # body is streamed instead, with its length known.
+            kwargs["data"] = io.BytesIO(data) if len(data) > _LARGE_BODY else data
             kwargs["headers"] = _JSON_CONTENT
         if timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
@@ -393,6 +397,7 @@ async def poll_until_ok(
 
 
 _JSON_CONTENT = {"Content-Type": "application/json"}
+_LARGE_BODY = 2**20  # aiohttp's TOO_LARGE_BYTES_BODY
 
 
 def _dumps(obj: Any) -> str:

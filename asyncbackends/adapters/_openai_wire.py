@@ -7,6 +7,12 @@ and ``min_tokens``, and structured output as its ``structured_outputs`` (``{"jso
 ``{"regex": ...}``, exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses
 those four.
 
+Chat: messages go as they are (OpenAI's shape: content parts, an assistant's ``tool_calls``, ``role:
+"tool"`` messages); tools as ``tools`` entries ``{"type": "function", "function": {...}}``;
+``tool_choice`` ``"auto"``, ``"none"``, ``"required"``, or a named tool as ``{"type": "function",
+"function": {"name": ...}}``.
+A choice's ``message.tool_calls`` come back as `ToolCall`.
+
 Pure functions, no I/O. The parsers raise ``KeyError``, ``TypeError``, ``IndexError``, ``ValueError`` or
 ``AttributeError`` on a body that is not what the API promises; the adapter turns those into a
 malformed-response `BackendError` with the request's id.
@@ -17,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import Capabilities, Completion, GenerationRequest, SamplingParams
+from ..types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from ._scoring import ScoringPlan
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "echo_payload",
     "parse_completions",
     "parse_echo",
+    "tool_fields",
 ]
 
 
@@ -53,9 +60,20 @@ def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) ->
     if params.logprobs:
         payload["logprobs"] = True if chat else 0
     payload.update(optional_fields(params, vllm=vllm))
+    payload.update(tool_fields(request))
     if vllm:
         payload["return_token_ids"] = True
     return payload
+
+
+def tool_fields(request: GenerationRequest) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` as OpenAI defines them; nothing when the request offers no tools."""
+    if not request.tools:
+        return {}
+    choice: Any = request.tool_choice
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    return {"tools": [tool.to_openai() for tool in request.tools], "tool_choice": choice}
 
 
 def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
@@ -99,7 +117,9 @@ def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> C
         if all(v is not None for v in values):
             logprobs = tuple(float(v) for v in values)
     token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
-    return Completion(text, token_ids, logprobs, choice.get("finish_reason"))
+    calls = (choice["message"].get("tool_calls") or ()) if chat else ()
+    tool_calls = tuple(ToolCall.from_openai(call) for call in calls)
+    return Completion(text, token_ids, logprobs, choice.get("finish_reason"), tool_calls)
 
 
 def echo_payload(model: str, plan: ScoringPlan) -> dict[str, Any]:
@@ -153,4 +173,8 @@ def capabilities(server: str, max_concurrency: int | None) -> Capabilities:
         min_p=vllm,
         min_tokens=vllm,
         regex=vllm,
+        # Every OpenAI-compatible chat route takes image parts and tools; a text-only model's server
+        # answers an image with a 400, which comes back as RequestRejectedError.
+        images=True,
+        tools=True,
     )

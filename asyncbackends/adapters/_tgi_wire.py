@@ -9,22 +9,28 @@ those into a malformed-response `BackendError` with the request's id.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import Completion, GenerationRequest
+from ..types import Completion, GenerationRequest, ToolCall
 
 __all__ = [
+    "DEFAULT_PAYLOAD_LIMIT",
     "UNSUPPORTED_REASONS",
     "TGIInfo",
     "chat_payload",
     "generate_payload",
     "int_header",
+    "oversized",
     "parse_chat",
     "parse_generate",
     "sampling_parameters",
 ]
+
+DEFAULT_PAYLOAD_LIMIT = 2_000_000
+"""TGI's default ``--payload-limit`` in bytes: a larger body is answered 413 without reaching the model."""
 
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 UNSUPPORTED_REASONS = {
@@ -121,7 +127,7 @@ def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]
     """The body of ``POST /v1/chat/completions`` for one sequence of a chat prompt."""
     params = request.params
     payload: dict[str, Any] = {
-        "messages": [dict(m) for m in request.prompt if isinstance(m, Mapping)],
+        "messages": [_message(m) for m in request.prompt if isinstance(m, Mapping)],
         "max_tokens": params.max_tokens,
         # TGI's chat route reads temperature 0 as greedy (do_sample false), unlike /generate.
         "temperature": params.temperature,
@@ -139,7 +145,28 @@ def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]
         payload["seed"] = seed
     if params.logprobs:
         payload["logprobs"] = True
+    if request.tools:
+        # TGI's FunctionDefinition names the schema ``arguments`` (it reads ``parameters`` as an alias).
+        payload["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "arguments": t.parameters},
+            }
+            for t in request.tools
+        ]
+        choice = request.tool_choice
+        payload["tool_choice"] = (
+            choice if choice in ("auto", "none", "required") else {"function": {"name": choice}}
+        )
     return payload
+
+
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
+    # TGI's MessageBody is oneOf content | tool_calls: an assistant's calls go without its (empty) content.
+    out = dict(message)
+    if out.get("tool_calls") and not out.get("content"):
+        out.pop("content", None)
+    return out
 
 
 def parse_chat(body: Any, params: Any) -> tuple[Completion, Any]:
@@ -150,7 +177,8 @@ def parse_chat(body: Any, params: Any) -> tuple[Completion, Any]:
     if params.logprobs and choice.get("logprobs"):
         logprobs = tuple(float(t["logprob"]) for t in choice["logprobs"]["content"])
     usage = body.get("usage") or {}
-    return Completion(text, (), logprobs, choice.get("finish_reason")), usage
+    calls = tuple(ToolCall.from_openai(call) for call in choice["message"].get("tool_calls") or ())
+    return Completion(text, (), logprobs, choice.get("finish_reason"), calls), usage
 
 
 def _grammar(params: Any) -> dict[str, Any] | None:
@@ -177,3 +205,16 @@ def int_header(headers: Mapping[str, str], name: str) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def oversized(payload: Any, limit: int | None) -> str | None:
+    """Why ``payload`` (encoded as the transport sends it) is over the payload ``limit``; ``None`` if not."""
+    if limit is None:
+        return None
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+    if size <= limit:
+        return None
+    return (
+        f"the request body is {size:,} bytes, over the server's payload limit ({limit:,} bytes, TGI's "
+        "--payload-limit): send smaller images, or set payload_limit to the server's"
+    )

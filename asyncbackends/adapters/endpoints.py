@@ -36,6 +36,7 @@ from ..types import (
 )
 from ._credentials import resolve_token
 from ._endpoints_lifecycle import ON_CLOSE, Lifecycle, OnClose
+from ._sampling import refuse_unclaimed_chat
 from .openai import OpenAIBackend
 from .tgi import TGIBackend
 
@@ -189,6 +190,8 @@ class EndpointsBackend(BaseBackend):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """See `AsyncBackend.generate`; sent in the endpoint's wire format."""
         self._check_open(request.request_id)
+        # Refused here as well as by the inner adapter: the endpoint answers for its capabilities.
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         return await self._inner.generate(request)
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:

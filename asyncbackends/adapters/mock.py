@@ -6,7 +6,14 @@ generator seeded from ``seed`` and the completion's index: the same seed gives t
 ``min_tokens`` repeats the prompt until the completion is that long (stop strings apply from there on);
 ``regex`` and ``json_schema`` make every completion the shortest text that satisfies the constraint
 (`_minimal_match`); the penalties and ``min_p`` need logits the mock does not have, so they are refused
-with `RequestRejectedError`, like any parameter a backend cannot honour. Latency,
+with `RequestRejectedError`, like any parameter a backend cannot honour.
+
+Chat: each message reads ``role: content``; a text part reads as its text and an image part as
+``[image <sha256 of its bytes, 16 hex>]`` (of the URL for an http(s) image, which the mock never fetches),
+so the echo names every image it saw. Tools: with ``tool_choice`` a tool's name, or ``"required"`` (the first
+tool), every completion is one call to that tool whose arguments are the smallest JSON satisfying its
+parameters schema (required properties only, as ``json_schema`` above). With ``"auto"`` the mock calls the
+first tool whose name appears in the last message's text, else it echoes; ``"none"`` always echoes. Latency,
 jitter and failures can be injected, and counters record what the backend saw (attempts, peak in-flight
 requests, cancellations), which makes it the backend of choice for tests, docs and dry runs.
 """
@@ -14,10 +21,12 @@ requests, cancellations), which makes it the backend of choice for tests, docs a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 from collections import Counter
-from typing import Literal
+from typing import Any, Literal
 
+from ..chat import image_digest
 from ..errors import (
     BackendBrokenError,
     BackendError,
@@ -36,9 +45,10 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
+    ToolCall,
 )
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["MockBackend"]
 
@@ -59,6 +69,15 @@ _NO_LOGITS = dict.fromkeys(
 )
 
 
+def _content_text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(
+        p["text"] if p["type"] == "text" else f"[image {image_digest(p['image_url']['url'])}]"
+        for p in content
+    )
+
+
 def _token_logprob(previous: str, token: str) -> float:
     # A fixed, made-up distribution: deterministic and always negative.
     return -((ord(previous) * 31 + ord(token)) % 13 + 1) / 10
@@ -77,6 +96,8 @@ class MockBackend(BaseBackend):
         seed: Seed of the failure and jitter generator.
         max_concurrency: The concurrency hint reported in `capabilities`.
         model: The model name reported in results and the fingerprint.
+        images: Claim `Capabilities.images` (accept image parts); false to test refusals.
+        tools: Claim `Capabilities.tools` (accept tools and return tool calls); false to test refusals.
     """
 
     name = "mock"
@@ -93,6 +114,8 @@ class MockBackend(BaseBackend):
         seed: int = 0,
         max_concurrency: int | None = None,
         model: str = "mock-echo",
+        images: bool = True,
+        tools: bool = True,
     ) -> None:
         if latency < 0 or jitter < 0:
             raise InvalidRequestError("latency and jitter must be >= 0")
@@ -119,6 +142,8 @@ class MockBackend(BaseBackend):
             min_tokens=True,
             json_schema=True,
             regex=True,
+            images=bool(images),
+            tools=bool(tools),
         )
         self.attempts: Counter[str | None] = Counter()
         self.in_flight = 0
@@ -179,7 +204,7 @@ class MockBackend(BaseBackend):
             return prompt
         if request.prompt_kind == "tokens":
             return "".join(chr(0x20 + t % 95) for t in prompt)  # type: ignore[operator]
-        return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)  # type: ignore[index]
+        return "\n".join(f"{m['role']}: {_content_text(m['content'])}" for m in prompt)  # type: ignore[index]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Echo the prompt (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
@@ -188,8 +213,17 @@ class MockBackend(BaseBackend):
         refuse_unsupported(
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
         )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         constrained = self._constrained(request)
+        call = self._tool_call(request, text)
         await self._attempt(request.request_id or text, request.request_id)
+        if call is not None:
+            return GenerationResult(
+                request.request_id,
+                tuple(Completion("", tool_calls=(call,)) for _ in range(params.n)),
+                prompt_tokens=len(text),
+                model=self.model,
+            )
         min_tokens = params.min_tokens or 0
         completions = []
         for index in range(params.n):
@@ -217,6 +251,27 @@ class MockBackend(BaseBackend):
         return GenerationResult(
             request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model
         )
+
+    def _tool_call(self, request: GenerationRequest, text: str) -> ToolCall | None:
+        """The call every completion makes, by the rule in the module docstring, or ``None``."""
+        if not request.tools or request.tool_choice == "none":
+            return None
+        if request.tool_choice == "auto":
+            last = _content_text(request.prompt[-1]["content"])  # type: ignore[index]  # tools need chat
+            tool = next((t for t in request.tools if t.name in last), None)
+        elif request.tool_choice == "required":
+            tool = request.tools[0]
+        else:
+            tool = next(t for t in request.tools if t.name == request.tool_choice)
+        if tool is None:
+            return None
+        try:
+            arguments = minimal_json(tool.parameters)
+        except NoMatchError as exc:
+            raise RequestRejectedError(
+                f"mock: tool {tool.name!r}: {exc}", backend=self.name, request_id=request.request_id
+            ) from exc
+        return ToolCall(f"call_{hashlib.sha256(text.encode()).hexdigest()[:8]}", tool.name, arguments)
 
     def _constrained(self, request: GenerationRequest) -> str | None:
         """The one text a ``regex`` or ``json_schema`` request gets, or ``None`` without a constraint."""

@@ -51,7 +51,7 @@ from ._openai_wire import (
     completion_payload,
     parse_completions,
 )
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["OpenAIBackend"]
 
@@ -259,6 +259,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         self._check_open(rid)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM)
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         if params.max_tokens == 0:
             # OpenAI-compatible servers refuse max_tokens=0 without echo; the answer is known anyway.
             empty = tuple(

@@ -2,7 +2,9 @@
 
 One request per call, like every adapter; a request may take several HTTP exchanges inside that call (n > 1,
 and loglikelihood's ``/tokenize``), made concurrently and failing together. Text prompts go to
-``POST /generate``, chat prompts to ``POST /v1/chat/completions``; loglikelihoods read the prefill logprobs
+``POST /generate``, chat prompts (with their images and tools) to ``POST /v1/chat/completions`` (TGI's
+Messages API; a body over ``payload_limit`` is refused before sending); loglikelihoods read the prefill
+logprobs
 of ``/generate`` with ``decoder_input_details``. `SamplingParams` are mapped as TGI's router accepts them:
 
 - greedy is ``do_sample: false`` with no temperature, top_k or top_p at all: TGI rejects temperature <= 0,
@@ -46,13 +48,15 @@ from ..types import (
 )
 from ._credentials import resolve_token
 from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
-from ._sampling import refuse_unsupported
+from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ._tgi_wire import (
+    DEFAULT_PAYLOAD_LIMIT,
     UNSUPPORTED_REASONS,
     TGIInfo,
     chat_payload,
     generate_payload,
     int_header,
+    oversized,
     parse_chat,
     parse_generate,
 )
@@ -83,6 +87,8 @@ class TGIBackend(BaseBackend):
         tokenizer: Optional local tokenizer (an object with ``encode(text) -> list[int]``, or a callable) to
             count tokens: loglikelihood continuations without ``POST /tokenize``, and prompt lengths checked
             against ``/info`` before sending.
+        payload_limit: The server's ``--payload-limit`` in bytes (TGI's default 2,000,000): a chat body over
+            it (large images) is refused with `RequestRejectedError` before sending; ``None``: no check.
     """
 
     name = "tgi"
@@ -97,6 +103,7 @@ class TGIBackend(BaseBackend):
         max_connections: int = 256,
         max_concurrency: int | None = None,
         tokenizer: Any = None,
+        payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
     ) -> None:
         secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
@@ -109,6 +116,9 @@ class TGIBackend(BaseBackend):
         )
         self.url = self._http.base_url  # without any user:password@ (sent as a masked header instead)
         self._encode = _encoder(tokenizer)
+        if payload_limit is not None and (not isinstance(payload_limit, int) or payload_limit < 1):
+            raise InvalidRequestError(f"payload_limit must be a positive int or None, got {payload_limit!r}")
+        self.payload_limit = payload_limit
         self._info: TGIInfo | None = None
         self._unlearned = uuid.uuid4().hex  # the fingerprint's stand-in until /info has answered
         self._info_lock: asyncio.Lock | None = None
@@ -125,6 +135,8 @@ class TGIBackend(BaseBackend):
             frequency_penalty=True,
             json_schema=True,
             regex=True,
+            images=True,
+            tools=True,
         )
 
     def __repr__(self) -> str:
@@ -141,6 +153,7 @@ class TGIBackend(BaseBackend):
         max_connections: int = 256,
         max_concurrency: int | None = None,
         tokenizer: Any = None,
+        payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
     ) -> TGIBackend:
         """Build the backend and read ``GET /info`` (the model served: the cache key) before any request.
 
@@ -162,6 +175,7 @@ class TGIBackend(BaseBackend):
             max_connections=max_connections,
             max_concurrency=max_concurrency,
             tokenizer=tokenizer,
+            payload_limit=payload_limit,
         )
         try:
             await asyncio.wait_for(backend.info(), _BUILD_INFO_TIMEOUT)
@@ -245,6 +259,7 @@ class TGIBackend(BaseBackend):
         refuse_unsupported(
             params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
         )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         if kind == "chat" and params.repetition_penalty is not None:
             raise RequestRejectedError(
                 "TGI's chat route has no repetition_penalty; use a text prompt for it",
@@ -308,7 +323,11 @@ class TGIBackend(BaseBackend):
         return completion, int_header(headers, "x-prompt-tokens")
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
-        body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
+        payload = chat_payload(request, seed)
+        too_large = oversized(payload, self.payload_limit)
+        if too_large:
+            raise RequestRejectedError(too_large, backend=self.name, request_id=request.request_id)
+        body, _ = await self._post("/v1/chat/completions", payload, request)
         try:
             completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:

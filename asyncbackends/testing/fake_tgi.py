@@ -47,7 +47,14 @@ from . import openapi
 from ._serve import serve
 from .fake_tgi_faults import choose_failure, fail
 from .fake_tgi_model import FakeModel, Generation
-from .fake_tgi_responses import chat_json, details_json, info_json, stream_events, timing_headers
+from .fake_tgi_responses import (
+    chat_json,
+    details_json,
+    forced_tool_call,
+    info_json,
+    stream_events,
+    timing_headers,
+)
 from .fake_tgi_validation import (
     Limits,
     ValidRequest,
@@ -158,7 +165,8 @@ class FakeTGIServer:
 
     def app(self) -> web.Application:
         """The aiohttp application (routes only; `start` serves it)."""
-        app = web.Application(client_max_size=self.limits.payload_limit + 1024)
+        # aiohttp's own cap sits well above TGI's limit, so an oversized body gets TGI's 413 (parse_body).
+        app = web.Application(client_max_size=2 * self.limits.payload_limit + 2**20)
         post = {
             "/": self._compat,
             "/generate": self._generate,
@@ -372,6 +380,7 @@ class FakeTGIServer:
             started = time.monotonic()
             req, gen, _ = await self._one_generation(request, chat_to_generate(body), key)
             response = chat_json(self.model_id, req, gen, logprobs=bool(body.get("logprobs")))
+            response = forced_tool_call(response, body)
             return self._reply("/v1/chat/completions", 200, response, timing_headers(req, gen, started))
 
         result: web.StreamResponse = await self._guarded(request, "/v1/chat/completions", run)

@@ -125,3 +125,28 @@ def info_json(model_id: str, limits: Limits, *, legacy: bool, model_sha: str | N
         info["max_input_length"] = info.pop("max_input_tokens")
         info["version"] = "1.4.5"
     return info
+
+
+def forced_tool_call(response: dict[str, Any], body: Any) -> dict[str, Any]:
+    """The chat answer as one tool call where ``body`` forces one (``"required"``: the first tool; a name).
+
+    TGI constrains the model with a grammar from the tool's schema; the look-alike's stand-in for that is
+    the smallest arguments valid against it. ``"auto"`` and ``"none"`` answer in text.
+    """
+    tools = body.get("tools") if isinstance(body, dict) else None
+    choice = body.get("tool_choice", "auto") if isinstance(body, dict) else "auto"
+    if not tools or choice in ("auto", "none"):
+        return response
+    from ..adapters._minimal_match import minimal_json
+
+    wanted = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+    function = next(t["function"] for t in tools if t["function"]["name"] == wanted)
+    call = {
+        "id": "0",
+        "type": "function",
+        "function": {"name": wanted, "description": None, "arguments": minimal_json(function["arguments"])},
+    }
+    choice_out = response["choices"][0]
+    choice_out["message"] = {"role": "assistant", "tool_calls": [call]}
+    choice_out["finish_reason"] = "tool_calls"
+    return response

@@ -313,18 +313,38 @@ def _validate_grammar(grammar: Any, limits: Limits) -> tuple[str, Any] | None:
     return ("json", value)
 
 
+def _message_text(message: dict[str, Any]) -> str:
+    # As TGI's router: image chunks become its markdown form ``![](url)`` in the text the model reads,
+    # an assistant's tool calls their JSON.
+    content = message.get("content")
+    if content is None and isinstance(message.get("tool_calls"), list):
+        return json.dumps(message["tool_calls"])
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(c, dict) for c in content):
+        text = []
+        for chunk in content:
+            if chunk.get("type") == "text" and isinstance(chunk.get("text"), str):
+                text.append(chunk["text"])
+            elif chunk.get("type") == "image_url" and isinstance(chunk.get("image_url"), dict):
+                text.append(f"![]({chunk['image_url'].get('url')})")
+            else:
+                break
+        else:
+            return "".join(text)
+    raise WireError(422, "Failed to deserialize the JSON body: invalid `messages`", text=True)
+
+
 def chat_to_generate(body: Any) -> dict[str, Any]:
     """A Messages API body as the ``/generate`` body the router runs (a plain-text chat template).
 
     Raises:
-        WireError: ``messages`` is not a list of objects with string ``content``.
+        WireError: ``messages`` is not a list of messages with string or chunk ``content`` or tool calls.
     """
     messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
-    ):
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise WireError(422, "Failed to deserialize the JSON body: invalid `messages`", text=True)
-    prompt = "".join(f"<|{m.get('role')}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+    prompt = "".join(f"<|{m.get('role')}|>\n{_message_text(m)}\n" for m in messages) + "<|assistant|>\n"
     temperature = body.get("temperature")
     params: dict[str, Any] = {"do_sample": temperature != 0, "stop": body.get("stop") or []}
     if temperature not in (None, 0):

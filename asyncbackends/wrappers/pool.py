@@ -43,7 +43,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..adapters._sampling import refuse_unsupported
+from ..adapters._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ..errors import (
     BackendClosedError,
     BackendError,
@@ -315,6 +315,7 @@ class PoolBackend(BaseBackend):
         refuse_unsupported(
             request.params, self.capabilities, backend=self.name, request_id=request.request_id
         )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         result: GenerationResult = await self._route("generate", request, True)
         return result
 
