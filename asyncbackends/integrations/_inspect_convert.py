@@ -7,6 +7,7 @@ set (everything else, so a field a later inspect adds fails loudly instead of be
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from inspect_ai.model import (
     ChatMessage,
     ChatMessageAssistant,
     ChatMessageTool,
+    ContentImage,
     ContentText,
     GenerateConfig,
     Logprob,
@@ -23,13 +25,24 @@ from inspect_ai.model import (
     ModelUsage,
     StopReason,
 )
+from inspect_ai.model._call_tools import parse_tool_call
+from inspect_ai.tool import ToolChoice, ToolFunction, ToolInfo
 
 from asyncbackends.capabilities import Capabilities
+from asyncbackends.chat import Tool, ToolCall, image_part
 from asyncbackends.errors import InvalidRequestError
 from asyncbackends.results import Completion, GenerationResult
 from asyncbackends.sampling import SamplingParams
 
-__all__ = ["INSPECT_SIDE", "MAPPED", "messages_of", "model_output", "sampling_params"]
+__all__ = [
+    "INSPECT_SIDE",
+    "MAPPED",
+    "messages_of",
+    "model_output",
+    "sampling_params",
+    "tool_choice_of",
+    "tools_of",
+]
 
 MAPPED: Mapping[str, str] = {
     "max_tokens": "max_tokens",
@@ -151,34 +164,76 @@ def _check_capabilities(
             raise _refuse(name, value, f"the {backend} backend does not honour it (its capabilities say so)")
 
 
-def _text_of(message: ChatMessage, index: int) -> str:
+def _parts_of(message: ChatMessage, index: int) -> str | list[dict[str, Any]]:
     if isinstance(message.content, str):
         return message.content
-    texts = []
-    for part in message.content:
-        if not isinstance(part, ContentText):
+    parts: list[dict[str, Any]] = []
+    for number, part in enumerate(message.content):
+        if isinstance(part, ContentText):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, ContentImage):
+            if part.detail != "auto":
+                raise InvalidRequestError(
+                    f"input[{index}].content[{number}].detail={part.detail!r}: backends take no image detail"
+                )
+            parts.append(image_part(part.image))
+        else:
             raise InvalidRequestError(
-                f"input[{index}] ({message.role}) holds {type(part).__name__}: asyncbackends sends text only"
+                f"input[{index}].content[{number}] is {type(part).__name__}: asyncbackends sends text and "
+                "images only"
             )
-        texts.append(part.text)
-    # vLLM's chat rendering joins the text parts of a string-format template with newlines: the same here.
-    return "\n".join(texts)
+    if all(p["type"] == "text" for p in parts):
+        # vLLM's chat rendering joins the text parts of a string-format template with newlines: the same here,
+        # so text-only content reaches every backend as the plain string it is.
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
-def messages_of(input: Sequence[ChatMessage]) -> list[dict[str, str]]:
+def _tool_result(message: ChatMessageTool, index: int) -> dict[str, Any]:
+    if message.tool_call_id is None:
+        raise InvalidRequestError(f"input[{index}] is a tool result without tool_call_id")
+    content = _parts_of(message, index)
+    if message.error is not None:
+        # As inspect's own OpenAI provider sends a failed tool call back to the model.
+        content = f"Error: {message.error.message}"
+    return {"role": "tool", "tool_call_id": message.tool_call_id, "content": content}
+
+
+def messages_of(input: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Inspect's chat messages as OpenAI-shaped message dicts (a `GenerationRequest` prompt).
 
+    Text becomes a string, images ``image_url`` parts (`image_part`), tool calls and tool results OpenAI's
+    ``tool_calls`` and ``role: "tool"`` messages.
+
     Raises:
-        InvalidRequestError: A message holds content other than text, or tool calls.
+        InvalidRequestError: A message holds content other than text and images.
     """
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for index, message in enumerate(input):
-        if isinstance(message, ChatMessageAssistant) and message.tool_calls:
-            raise InvalidRequestError(f"input[{index}] holds tool calls: asyncbackends sends text only")
         if isinstance(message, ChatMessageTool):
-            raise InvalidRequestError(f"input[{index}] is a tool result: asyncbackends sends text only")
-        messages.append({"role": message.role, "content": _text_of(message, index)})
+            messages.append(_tool_result(message, index))
+            continue
+        converted: dict[str, Any] = {"role": message.role, "content": _parts_of(message, index)}
+        if isinstance(message, ChatMessageAssistant) and message.tool_calls:
+            converted["tool_calls"] = [
+                ToolCall(c.id, c.function, json.dumps(c.arguments)).to_openai() for c in message.tool_calls
+            ]
+        messages.append(converted)
     return messages
+
+
+def tools_of(tools: Sequence[ToolInfo]) -> tuple[Tool, ...]:
+    """Inspect's tool descriptions as `Tool` (the parameters as their JSON Schema)."""
+    return tuple(
+        Tool(t.name, t.description, t.parameters.model_dump(exclude_none=True, by_alias=True)) for t in tools
+    )
+
+
+def tool_choice_of(choice: ToolChoice) -> str:
+    """``"auto"``/``"none"`` as they are, ``"any"`` as ``"required"``, a `ToolFunction` as its name."""
+    if isinstance(choice, ToolFunction):
+        return choice.name
+    return "required" if choice == "any" else choice
 
 
 _STOP_REASONS: Mapping[str, StopReason] = {"stop": "stop", "length": "max_tokens", "tool_calls": "tool_calls"}
@@ -198,10 +253,23 @@ def _logprobs(completion: Completion, token_text: Callable[[int], str]) -> Logpr
     )
 
 
+def _message(completion: Completion, model: str, tools: list[ToolInfo]) -> ChatMessageAssistant:
+    calls = [
+        # inspect's own parser: arguments that are not JSON become the call's parse_error, which inspect
+        # reports to the model instead of running the tool.
+        parse_tool_call(c.id, c.name, c.arguments, tools)
+        for c in completion.tool_calls
+    ]
+    return ChatMessageAssistant(
+        content=completion.text, model=model, source="generate", tool_calls=calls or None
+    )
+
+
 def model_output(
     result: GenerationResult,
     *,
     model: str,
+    tools: list[ToolInfo],
     input_tokens: int,
     output_tokens: Callable[[Completion], int],
     token_text: Callable[[int], str],
@@ -211,6 +279,7 @@ def model_output(
     Args:
         result: What the backend returned.
         model: The model name when the result names none.
+        tools: The tools offered (inspect's parser checks the calls against them).
         input_tokens: Prompt tokens (the backend's count where it reports one).
         output_tokens: Tokens of one completion (its token ids, else counted).
         token_text: A token id's text, for logprobs.
@@ -218,7 +287,7 @@ def model_output(
     name = result.model or model
     choices = [
         ChatCompletionChoice(
-            message=ChatMessageAssistant(content=c.text, model=name, source="generate"),
+            message=_message(c, name, tools),
             stop_reason=_STOP_REASONS.get(c.finish_reason or "", "unknown"),
             logprobs=_logprobs(c, token_text),
         )

@@ -48,7 +48,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 
 from asyncbackends._parse import parse_option_value
 from asyncbackends.errors import BackendError, InvalidRequestError, RateLimitedError
-from asyncbackends.integrations._inspect_convert import messages_of, model_output, sampling_params
+from asyncbackends.integrations._inspect_convert import (
+    messages_of,
+    model_output,
+    sampling_params,
+    tool_choice_of,
+    tools_of,
+)
 from asyncbackends.loop import get_loop_manager
 from asyncbackends.options import DEFAULT_CONCURRENCY
 from asyncbackends.protocol import AsyncBackend
@@ -229,11 +235,20 @@ class AsyncBackendsAPI(ModelAPI):
         config: GenerateConfig,
     ) -> tuple[ModelOutput | Exception, ModelCall]:
         """Send one request to the backend on the shared loop; return inspect's output and the call."""
-        if tools:
-            raise InvalidRequestError(f"{len(tools)} tool(s) given: asyncbackends sends text only")
         params = sampling_params(config, self.backend.capabilities, self.backend_name)
-        request = GenerationRequest(tuple(messages_of(input)), params=params)
-        call = {"backend": self.backend_name, "prompt": request.prompt, "params": _params_dict(params)}
+        request = GenerationRequest(
+            tuple(messages_of(input)),
+            params=params,
+            tools=tools_of(tools),
+            tool_choice=tool_choice_of(tool_choice) if tools else "auto",
+        )
+        call = {
+            "backend": self.backend_name,
+            "prompt": request.prompt,
+            "params": _params_dict(params),
+            "tools": [t.to_openai() for t in request.tools],
+            "tool_choice": request.tool_choice,
+        }
         result = await get_loop_manager().arun(self.backend.generate(request))
         input_tokens = result.prompt_tokens
         if input_tokens is None:
@@ -241,11 +256,18 @@ class AsyncBackendsAPI(ModelAPI):
         output = model_output(
             result,
             model=self.model_name,
+            tools=tools,
             input_tokens=input_tokens,
             output_tokens=self._completion_tokens,
             token_text=self._token_text,
         )
-        response = {"completions": [c.text for c in result.completions], "usage": output.usage}
+        response = {
+            "completions": [
+                {"text": c.text, "tool_calls": [t.to_openai() for t in c.tool_calls]}
+                for c in result.completions
+            ],
+            "usage": output.usage,
+        }
         return output, ModelCall.create(call, response)
 
     async def count_text_tokens(self, text: str) -> int:

@@ -260,14 +260,6 @@ def test_tokens_are_counted_without_a_download(make_model: Any) -> None:
     assert asyncio.run(model.api.count_tokens("seven c")) == 7
 
 
-def test_images_and_tools_are_refused_until_supported(make_model: Any) -> None:
-    from inspect_ai.model import ChatMessageUser, ContentAudio
-
-    message = ChatMessageUser(content=[ContentAudio(audio="data:audio/wav;base64,AA==", format="wav")])
-    with pytest.raises(ab.InvalidRequestError, match="ContentAudio"):
-        convert.messages_of([message])
-
-
 def test_inspect_model_wraps_a_backend_the_caller_keeps(tmp_path: Path) -> None:
     backend = MockBackend(model="mine")
     model = provider.inspect_model(backend)
