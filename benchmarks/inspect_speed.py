@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
+
 ENGINE: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
@@ -99,6 +101,10 @@ def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int
         "json",
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": f"{work / 'bin'}:{os.environ['PATH']}"}
+    # This checkout first, and the provider's entry point where the installed metadata lacks it.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(work / "meta"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", INSPECT_LOG_LEVEL="warning")
     start = time.perf_counter()
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -140,6 +146,16 @@ def main() -> None:
         shim = work / "bin" / "vllm"
         shim.write_text(SHIM.format(python=sys.executable))
         shim.chmod(0o755)
+        # An editable install made before the provider existed has no `inspect_ai` entry point: a
+        # metadata-only distribution declares it for the child processes (nothing installed).
+        meta = work / "meta" / "asyncbackends_inspect_benchmark-0.dist-info"
+        meta.mkdir(parents=True)
+        (meta / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: asyncbackends-inspect-benchmark\nVersion: 0\n"
+        )
+        (meta / "entry_points.txt").write_text(
+            "[inspect_ai]\nasyncbackends = asyncbackends.integrations.inspect_ai\n"
+        )
 
         times: dict[str, list[float]] = {"ours": [], "inspect-vllm": []}
         reference: dict[Any, str] | None = None
