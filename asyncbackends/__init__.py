@@ -7,12 +7,36 @@ backend = ab.create_backend("vllm", model="path/to/model")
 results = ab.run_batch(backend, [ab.GenerationRequest("Hello")], progress=True)
 ```
 
-Importing this package imports no engine: adapters import theirs when they are built.
+Importing this package imports no engine: adapters import theirs when they are built. What extensions
+(adapters, wrappers, observers) build on is in `asyncbackends.abc`; modules named with a leading
+underscore are private.
 """
 
-from .cache import ResponseCache
-from .callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
-from .chat import Tool, ToolCall, image_part
+from ._cache import ResponseCache
+from ._chat import Tool, ToolCall, image_part
+from ._gather import as_completed, gather, run_batch
+from ._loop import LoopManager, get_loop_manager
+from ._observability.callbacks import RequestDone, RetryEvent, RunCallbacks, TokenUsage
+from ._observability.run_metrics import RunMetrics
+from ._observability.runlog import RunLog
+from ._options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
+from ._protocol import AsyncBackend, BaseBackend, Secret
+from ._registry import acreate_backend, available_backends, create_backend, register_backend
+from ._types import (
+    Capabilities,
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Request,
+    Result,
+    RollingLoglikelihoodRequest,
+    SamplingParams,
+)
+from ._wrappers.limited import LimitedBackend, limited
+from ._wrappers.pool import PoolBackend, pool
+from ._wrappers.replica import ReplicaStats
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -27,26 +51,6 @@ from .errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from .gather import as_completed, gather, run_batch
-from .loop import LoopManager, get_loop_manager
-from .metrics import RunMetrics
-from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
-from .protocol import AsyncBackend, BaseBackend, Secret
-from .registry import acreate_backend, available_backends, create_backend, register_backend
-from .types import (
-    Capabilities,
-    Completion,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    Request,
-    Result,
-    RollingLoglikelihoodRequest,
-    SamplingParams,
-)
-from .wrappers.limited import limited
-from .wrappers.pool import pool
 
 __version__ = "0.1.0.dev0"
 
@@ -70,9 +74,12 @@ __all__ = [
     "LoglikelihoodRequest",
     "LoglikelihoodResult",
     "LoopError",
+    "LimitedBackend",
     "LoopManager",
+    "PoolBackend",
     "RateLimit",
     "RateLimitedError",
+    "ReplicaStats",
     "Request",
     "RequestDone",
     "RequestRejectedError",
@@ -82,6 +89,7 @@ __all__ = [
     "RetryPolicy",
     "RollingLoglikelihoodRequest",
     "RunCallbacks",
+    "RunLog",
     "RunMetrics",
     "RunOptions",
     "SamplingParams",

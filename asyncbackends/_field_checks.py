@@ -1,4 +1,4 @@
-"""Field checks shared by the frozen request, result and sampling dataclasses (`asyncbackends.types`)."""
+"""Field checks shared by the frozen request, result and sampling dataclasses (`asyncbackends._types`)."""
 
 from __future__ import annotations
 

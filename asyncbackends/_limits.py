@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 
-from .types import GenerationRequest, LoglikelihoodRequest, Request
+from ._types import GenerationRequest, LoglikelihoodRequest, Request
 
 __all__ = ["TokenBucket", "estimated_tokens"]
 
@@ -43,6 +43,16 @@ class TokenBucket:
                 await asyncio.sleep((amount - self.tokens) / self.rate)
 
 
+_IMAGE_CHARS = 1024
+"""An image part's charge in characters (256 tokens): a base64 data URL's length says nothing of it."""
+
+
+def _content_size(content: object) -> int:
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) if p.get("type") == "text" else _IMAGE_CHARS for p in content)
+    return len(str(content))
+
+
 def estimated_tokens(request: Request) -> float:
     """Tokens charged to ``request`` before it is sent: its prompt's size plus ``max_tokens * n``.
 
@@ -56,7 +66,7 @@ def estimated_tokens(request: Request) -> float:
         elif request.prompt_kind == "tokens":
             size = len(prompt)
         else:
-            size = sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, Mapping)) / 4
+            size = sum(_content_size(m.get("content", "")) for m in prompt if isinstance(m, Mapping)) / 4
         return size + request.params.max_tokens * request.params.n
     if isinstance(request, LoglikelihoodRequest):
         return (len(request.context) + len(request.continuation)) / 4 + 1

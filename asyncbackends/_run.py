@@ -14,19 +14,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import TokenBucket, estimated_tokens
+from ._observability.observe import RequestObserver, RunObserver, current_request
+from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
+from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
-from .cache import ResponseCache, open_cache
-from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
-from .observe import RequestObserver, RunObserver, current_request
-from .options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions
-from .protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
-from .types import (
+from ._types import (
     GenerationResult,
     Request,
     Result,
 )
+from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
 
 __all__ = ["Outcome", "Run"]
 
@@ -41,7 +41,7 @@ class Run:
         requests: The requests, in order.
         options: How to send them.
         sink: Called with ``(index, outcome)`` as each request ends.
-        observer: Told what happens to each request (`asyncbackends.observe`); ``None`` when nothing
+        observer: Told what happens to each request (`_observability.observe`); ``None`` when nothing
             watches, so the hot path pays one check per request.
     """
 

@@ -91,7 +91,7 @@ def sdk_floor(n: int) -> dict[str, float]:
     state = configure("sdk")
     from opentelemetry import context, metrics, trace
 
-    from asyncbackends._otel_instruments import instruments_of
+    from asyncbackends._observability.otel_instruments import instruments_of
 
     tracer = trace.get_tracer("asyncbackends")
     instruments = instruments_of(metrics.get_meter_provider())

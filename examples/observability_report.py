@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import asyncbackends as ab
-from asyncbackends.observe import note_replica
-from asyncbackends.report import write_report
-from asyncbackends.runlog import RunLog
+from asyncbackends._observability.observe import note_replica
+from asyncbackends._observability.report import write_report
+from asyncbackends._observability.runlog import RunLog
 
 REPLICAS = {"http://gpu-a:8000": 0.05, "http://gpu-b:8000": 0.05, "http://gpu-c:8000": 0.12}
 

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
+from .._protocol import Secret
 from ..errors import (
     AuthenticationError,
     BackendError,
@@ -23,7 +24,6 @@ from ..errors import (
     InvalidRequestError,
     RequestRejectedError,
 )
-from ..protocol import Secret
 from ._http import HTTPTransport, error_for_status, poll_until_ok
 
 __all__ = ["BACKEND", "ON_CLOSE", "OnClose", "in_thread"]

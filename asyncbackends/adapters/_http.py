@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from .._clock import held_slot
+from .._protocol import Secret
 from ..errors import (
     AuthenticationError,
     BackendClosedError,
@@ -36,7 +37,6 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from ..protocol import Secret
 from ._credentials import split_headers, split_url_credentials
 
 __all__ = [

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._tasks import all_or_nothing
 from .._text import split_trailing_space
+from .._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
 from ..errors import BackendError, RequestRejectedError
-from ..types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
 from ._http import HTTPResponse, HTTPTransport
 from ._openai_wire import echo_payload, parse_echo
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
+from .._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from ._scoring import ScoringPlan
 
 __all__ = [
@@ -150,7 +150,9 @@ def parse_echo(body: Any, plan: ScoringPlan) -> list[tuple[float, bool]]:
     return scored
 
 
-def capabilities(server: str, max_concurrency: int | None) -> Capabilities:
+def capabilities(
+    server: str, max_concurrency: int | None, *, images: bool = True, tools: bool = True
+) -> Capabilities:
     """What a server of this kind can do."""
     # Scoring and token-id prompts need vLLM's echo + /tokenize; every OpenAI server does the rest.
     vllm = server == "vllm"
@@ -173,8 +175,8 @@ def capabilities(server: str, max_concurrency: int | None) -> Capabilities:
         min_p=vllm,
         min_tokens=vllm,
         regex=vllm,
-        # Every OpenAI-compatible chat route takes image parts and tools; a text-only model's server
-        # answers an image with a 400, which comes back as RequestRejectedError.
-        images=True,
-        tools=True,
+        # Claimed unless the caller says otherwise (adapter options): a server that cannot take them answers
+        # 400, which comes back as RequestRejectedError.
+        images=images,
+        tools=tools,
     )

@@ -20,10 +20,10 @@ import time
 from collections import Counter
 from typing import Any
 
+from .._loop import get_loop_manager
+from .._protocol import AsyncBackend
+from .._registry import acreate_backend
 from ..errors import AsyncBackendsError, BackendError, BackendUnavailableError
-from ..loop import get_loop_manager
-from ..protocol import AsyncBackend
-from ..registry import acreate_backend
 
 __all__ = ["ReplicaActor", "Reply"]
 

@@ -22,8 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import NodeDiedError, RayActorError, RayTaskError, WorkerCrashedError
 
-from ..errors import AsyncBackendsError, BackendBrokenError, BackendError, BackendUnavailableError
-from ..types import (
+from .._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -31,6 +30,7 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ..errors import AsyncBackendsError, BackendBrokenError, BackendError, BackendUnavailableError
 
 __all__ = ["ActorReplica", "ReplicaLostError", "Started"]
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._text import split_trailing_space
-from ..types import LoglikelihoodResult
+from .._text import split_trailing_space as split_trailing_space
+from .._types import LoglikelihoodResult
 
 __all__ = [
     "ScoringPlan",
@@ -22,7 +22,6 @@ __all__ = [
     "plan_loglikelihood",
     "plan_rolling",
     "scored_result",
-    "split_trailing_space",
     "tail_logprobs",
 ]
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import Completion, GenerationRequest, ToolCall
+from .._types import Completion, GenerationRequest, ToolCall
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",

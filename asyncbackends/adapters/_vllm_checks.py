@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._registry import check_options
 from ..errors import BackendNotFoundError, InvalidRequestError
-from ..registry import check_options
 
 __all__ = ["CPU_KV_CACHE_BYTES", "INSTALL_HINT", "check_before_import", "engine_defaults", "import_vllm"]
 

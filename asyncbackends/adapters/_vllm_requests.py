@@ -11,8 +11,8 @@ import functools
 import warnings
 from typing import Any
 
+from .._types import Completion, GenerationRequest, SamplingParams
 from ..errors import InvalidRequestError, RequestRejectedError
-from ..types import Completion, GenerationRequest, SamplingParams
 from ._scoring import logprob_of
 from ._vllm_compat import VLLMError
 

@@ -25,18 +25,18 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..errors import InvalidRequestError
-from ..protocol import BaseBackend, Secret
-from ..types import (
+from .._capabilities import refuse_unclaimed_chat
+from .._protocol import BaseBackend, Secret
+from .._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
+from ..errors import InvalidRequestError
 from ._credentials import resolve_token
 from ._endpoints_lifecycle import ON_CLOSE, Lifecycle, OnClose
-from ._sampling import refuse_unclaimed_chat
 from .openai import OpenAIBackend
 from .tgi import TGIBackend
 
@@ -230,7 +230,7 @@ _close_at_exit: dict[EndpointsBackend, tuple[asyncio.AbstractEventLoop, int]] = 
 def _close_open_endpoints_at_exit() -> None:
     """Apply ``on_close`` to every endpoint still open, each within its ``close_timeout``.
 
-    Registered when this module is imported, which is after `asyncbackends.loop` registered the shared
+    Registered when this module is imported, which is after `asyncbackends._loop` registered the shared
     loop's shutdown; ``atexit`` runs hooks last-in first-out, so this runs while the loop still does.
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[EndpointsBackend]] = {}

@@ -26,18 +26,10 @@ import random
 from collections import Counter
 from typing import Any, Literal
 
-from ..chat import image_digest
-from ..errors import (
-    BackendBrokenError,
-    BackendError,
-    BackendTimeoutError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    RateLimitedError,
-    RequestRejectedError,
-)
-from ..protocol import BaseBackend
-from ..types import (
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._chat import image_digest
+from .._protocol import BaseBackend
+from .._types import (
     Capabilities,
     Completion,
     GenerationRequest,
@@ -47,8 +39,16 @@ from ..types import (
     RollingLoglikelihoodRequest,
     ToolCall,
 )
+from ..errors import (
+    BackendBrokenError,
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
-from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["MockBackend"]
 

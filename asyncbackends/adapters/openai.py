@@ -29,13 +29,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
-from ..protocol import BaseBackend, Secret
-from ..types import (
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._protocol import BaseBackend, Secret
+from .._types import (
     Completion,
     GenerationRequest,
     GenerationResult,
 )
+from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ._credentials import split_url_credentials
 from ._http import (
     HTTPResponse,
@@ -51,7 +52,6 @@ from ._openai_wire import (
     completion_payload,
     parse_completions,
 )
-from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 
 __all__ = ["OpenAIBackend"]
 
@@ -76,6 +76,9 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
             not timed by `gather`'s per-attempt timeout.
         max_concurrency: The concurrency `gather` uses when given none.
+        images: Claim `Capabilities.images` (image parts sent as they are); false for a text-only model.
+        tools: Claim `Capabilities.tools`; false for a server without tool calling (vLLM started without
+            ``--enable-auto-tool-choice --tool-call-parser``), so tool requests are refused before sending.
     """
 
     name = "openai"
@@ -92,6 +95,8 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 256,
         max_concurrency: int | None = None,
+        images: bool = True,
+        tools: bool = True,
     ) -> None:
         if not isinstance(base_url, str):
             raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
@@ -114,7 +119,8 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         self.model_root: str | None = None  # what the served name points at (vLLM's `root`), where listed
         self._special: tuple[tuple[int, ...], int | None] | None = None  # (BOS prefix, empty-context token)
         self._special_lock: asyncio.Lock | None = None
-        self.capabilities = capabilities(server, max_concurrency)
+        self._claims = {"images": bool(images), "tools": bool(tools)}
+        self.capabilities = capabilities(server, max_concurrency, **self._claims)
 
     @classmethod
     async def create(
@@ -128,6 +134,8 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 256,
         max_concurrency: int | None = None,
+        images: bool = True,
+        tools: bool = True,
     ) -> OpenAIBackend:
         """Build the backend, reading ``GET {base_url}/models`` to pick the model and recognise vLLM.
 
@@ -142,6 +150,8 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             max_connections: How many HTTP exchanges run at once (0 for unlimited); the wait for one is
             not timed by `gather`'s per-attempt timeout.
             max_concurrency: The concurrency `gather` uses when given none.
+            images: Claim image parts (false for a text-only model).
+            tools: Claim tools (false for a server without tool calling).
 
         Raises:
             InvalidRequestError: ``model=None`` and the server lists no model or several (they are named),
@@ -163,6 +173,8 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             headers=headers,
             max_connections=max_connections,
             max_concurrency=max_concurrency,
+            images=images,
+            tools=tools,
         )
         try:
             await backend._discover(model, server)
@@ -199,7 +211,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         if server == "auto":
             server = "vllm" if any(e.get("owned_by") == "vllm" for e in listed) else "generic"
         self.server = server
-        self.capabilities = capabilities(server, self.capabilities.max_concurrency)
+        self.capabilities = capabilities(server, self.capabilities.max_concurrency, **self._claims)
 
     async def _models(self) -> list[Mapping[str, Any]]:
         body = self._json(await self._http.request("GET", self._api + "/models"), None)

@@ -9,7 +9,7 @@ backend = ab.create_backend(
 
 Each replica is a `ReplicaActor` (`_ray_actor`) hosting the backend named by ``backend``, built inside the
 actor through the registry (built-ins and third-party entry points alike) with ``options``. Requests are
-routed by the project's one router (`asyncbackends.wrappers.router.Router`, as in a pool: load, health,
+routed by the project's one router (`asyncbackends._wrappers.router.Router`, as in a pool: load, health,
 cool-down, failover, affinity), each actor a replica whose readiness probe is the actor's liveness plus the
 hosted backend's ``check_ready``; results come back as each finishes, awaited on the shared loop (never
 ``ray.get``). An actor or node lost mid-run: its in-flight requests go to the survivors inside the same
@@ -36,10 +36,9 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
-from ..loop import get_loop_manager
-from ..protocol import BaseBackend
-from ..types import (
+from .._loop import get_loop_manager
+from .._protocol import BaseBackend
+from .._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -47,7 +46,8 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ..wrappers.router import Replica, ReplicaStats, Router
+from .._wrappers.router import Replica, ReplicaStats, Router
+from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
 from ._ray_actor import ReplicaActor
 from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
 from ._ray_replica import ActorReplica, Started

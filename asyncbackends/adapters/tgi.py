@@ -34,11 +34,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._protocol import BaseBackend, Secret
 from .._tasks import all_or_nothing
 from .._text import split_trailing_space
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
-from ..protocol import BaseBackend, Secret
-from ..types import (
+from .._types import (
     Capabilities,
     Completion,
     GenerationRequest,
@@ -46,13 +46,12 @@ from ..types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
+from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ._credentials import resolve_token
 from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
-from ._sampling import refuse_unclaimed_chat, refuse_unsupported
 from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
     UNSUPPORTED_REASONS,
-    TGIInfo,
     chat_payload,
     generate_payload,
     int_header,
@@ -60,8 +59,11 @@ from ._tgi_wire import (
     parse_chat,
     parse_generate,
 )
+from ._tgi_wire import (
+    TGIInfo as TGIInfo,
+)
 
-__all__ = ["TGIBackend", "TGIInfo"]
+__all__ = ["TGIBackend"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -23,19 +23,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._loop import get_loop_manager
+from .._protocol import BaseBackend
+from .._registry import check_options
 from .._tasks import all_or_nothing
-from ..errors import (
-    BackendBrokenError,
-    BackendClosedError,
-    BackendError,
-    InvalidRequestError,
-    RateLimitedError,
-    RequestRejectedError,
-)
-from ..loop import get_loop_manager
-from ..protocol import BaseBackend
-from ..registry import check_options
-from ..types import (
+from .._types import (
     Capabilities,
     Completion,
     GenerationRequest,
@@ -44,7 +37,14 @@ from ..types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ._sampling import refuse_unsupported
+from ..errors import (
+    BackendBrokenError,
+    BackendClosedError,
+    BackendError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 
@@ -303,6 +303,7 @@ class VLLMBackend(BaseBackend):
         self._check_open(request.request_id)
         params = request.params
         refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         prompt_ids = translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.

@@ -39,13 +39,12 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from asyncbackends._gather import RetryPolicy, run_batch
+from asyncbackends._loop import get_loop_manager
+from asyncbackends._protocol import AsyncBackend
+from asyncbackends._registry import create_backend
 from asyncbackends._text import split_trailing_space
-from asyncbackends.errors import InvalidRequestError
-from asyncbackends.gather import RetryPolicy, run_batch
-from asyncbackends.loop import get_loop_manager
-from asyncbackends.protocol import AsyncBackend
-from asyncbackends.registry import create_backend
-from asyncbackends.types import (
+from asyncbackends._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -54,6 +53,7 @@ from asyncbackends.types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from asyncbackends.errors import InvalidRequestError
 
 __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 

@@ -29,12 +29,11 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
-from .._text import split_trailing_space
-from ..errors import InvalidRequestError
-from ..gather import RetryPolicy, run_batch
-from ..protocol import AsyncBackend
-from ..registry import create_backend
-from ..types import (
+from .._gather import RetryPolicy, run_batch
+from .._protocol import AsyncBackend
+from .._registry import create_backend
+from .._text import split_trailing_space as split_trailing_space
+from .._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -42,8 +41,9 @@ from ..types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ..errors import InvalidRequestError
 
-__all__ = ["MODEL_NAME", "AsyncBackendsLM", "main", "split_trailing_space"]
+__all__ = ["MODEL_NAME", "AsyncBackendsLM", "main"]
 
 MODEL_NAME = "asyncbackends"
 """The name lm-eval's ``--model`` takes once this module is imported."""
@@ -267,7 +267,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
 
     def close(self) -> None:
         """Release the backend (its engine or HTTP session); idempotent."""
-        from ..loop import get_loop_manager
+        from .._loop import get_loop_manager
 
         get_loop_manager().run(self.backend.aclose())
 

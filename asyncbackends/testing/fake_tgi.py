@@ -56,7 +56,9 @@ from .fake_tgi_responses import (
     timing_headers,
 )
 from .fake_tgi_validation import (
-    Limits,
+    Limits as Limits,
+)
+from .fake_tgi_validation import (
     ValidRequest,
     WireError,
     chat_to_generate,
@@ -65,7 +67,7 @@ from .fake_tgi_validation import (
 )
 from .fake_tgi_validation import validate_generate as _validate
 
-__all__ = ["FakeTGIServer", "Limits"]
+__all__ = ["FakeTGIServer"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

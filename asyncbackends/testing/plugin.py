@@ -30,19 +30,13 @@ from typing import Any
 
 import pytest
 
-from .._parse import parse_option_value, parse_options
+from .._parse import parse_option_value as parse_option_value
+from .._parse import parse_options
+from .._registry import create_backend
+from .._types import GenerationRequest, SamplingParams
 from ..errors import BackendUnavailableError, InvalidRequestError
-from ..registry import create_backend
-from ..types import GenerationRequest, SamplingParams
 
-__all__ = [
-    "CONTRACT_EXTRAS",
-    "CONTRACT_TARGET",
-    "UNREACHABLE",
-    "UNREACHABLE_EXIT",
-    "parse_backend_options",
-    "parse_option_value",
-]
+__all__ = ["CONTRACT_EXTRAS", "CONTRACT_TARGET", "UNREACHABLE", "UNREACHABLE_EXIT", "parse_backend_options"]
 
 CONTRACT_TARGET = pytest.StashKey[tuple[str, Mapping[str, Any]]]()
 """Where `run_contract` hands the plugin a name and already-typed options, bypassing the command line."""
@@ -151,7 +145,7 @@ def registered_backend(
 
     One short request goes first: a server that cannot be reached ends the session (`UNREACHABLE_EXIT`).
     """
-    from ..loop import get_loop_manager
+    from .._loop import get_loop_manager
 
     try:
         backend = create_backend(backend_name, **backend_options)
@@ -200,7 +194,7 @@ def _factory(name: str, options: Mapping[str, Any]) -> tuple[Callable[..., Any],
 
 
 def _close_all(built: list[Any]) -> None:
-    from ..loop import get_loop_manager
+    from .._loop import get_loop_manager
 
     for backend in built:
         get_loop_manager().run(backend.aclose())

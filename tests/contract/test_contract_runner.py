@@ -82,7 +82,7 @@ def test_third_party_adapter_is_discovered_through_its_entry_point() -> None:
 def test_run_contract_passes_the_third_party_adapter_by_name(tmp_path: Path) -> None:
     proc = _run_contract("reverse-echo", {"api_key": "sk-third-party-77"}, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "asyncbackends contract 'reverse-echo': no contract broken (23 passed, 14 skipped)" in proc.stdout
+    assert "asyncbackends contract 'reverse-echo': no contract broken (24 passed, 15 skipped)" in proc.stdout
     assert "sk-third-party-77" not in proc.stdout + proc.stderr
 
 
@@ -152,7 +152,8 @@ def test_contract_version_is_exposed_and_names_the_newest_tests() -> None:
 
     assert "CONTRACT_VERSION" in contract.__all__
     versions = {name: version_of_test(BackendContract, name) for name in contract_tests(BackendContract)}
-    assert max(versions.values()) == CONTRACT_VERSION == 2
+    assert max(versions.values()) == CONTRACT_VERSION == 3
+    assert versions["test_named_tool_choice_obeyed"] == 3
     assert versions["test_n_samples_vary"] == 2
     assert versions["test_greedy_deterministic"] == 1
     assert added_in(3)(lambda: None).__contract_version__ == 3  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncbackends as ab
-from asyncbackends.cache import CacheReadWarning
+from asyncbackends._cache import CacheReadWarning
 
 
 def test_a_killed_run_resumes_sending_only_what_is_missing(tmp_path: Path, make_mock: Any) -> None:

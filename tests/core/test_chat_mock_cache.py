@@ -141,3 +141,16 @@ def test_tool_calls_round_trip_through_the_cache(tmp_path: Path, make_mock: Any)
     again = ab.run_batch(resumed, [request], cache=path)
     assert again == first and again[0].completions[0].tool_calls[0].name == "weather"
     assert sum(resumed.attempts.values()) == 0  # served from the cache
+
+
+def test_a_rate_limit_charges_an_image_a_fixed_estimate_not_its_data_url() -> None:
+    from asyncbackends._limits import estimated_tokens
+
+    params = ab.SamplingParams(max_tokens=10)
+    small = ab.image_part(_png("red"))
+    large = {"type": "image_url", "image_url": {"url": "https://example.com/" + "x" * 100_000}}
+    for part in (small, large):
+        request = ab.GenerationRequest(
+            [{"role": "user", "content": [{"type": "text", "text": "abcd"}, part]}], params
+        )
+        assert estimated_tokens(request) == 1 + 256 + 10

@@ -1,4 +1,4 @@
-"""Chat types: content parts, images, tools and tool calls, validated when built (asyncbackends.chat)."""
+"""Chat types: content parts, images, tools and tool calls, validated when built (asyncbackends._chat)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import asyncbackends as ab
-from asyncbackends.adapters._sampling import refuse_unclaimed_chat
+from asyncbackends._capabilities import refuse_unclaimed_chat
 
 ADD = ab.Tool(
     "add",
@@ -253,3 +253,14 @@ def test_mock_refuses_what_it_is_told_not_to_claim(make_mock: Any) -> None:
     results = ab.run_batch(backend, requests, return_exceptions=True)
     assert [type(r) for r in results] == [ab.RequestRejectedError, ab.RequestRejectedError]
     assert sum(backend.attempts.values()) == 0  # refused before an attempt was made
+
+
+def test_chat_requests_and_tool_call_results_pickle() -> None:
+    # Ray replicas receive requests and send results back pickled.
+    import pickle
+
+    request = ab.GenerationRequest(_user(ab.image_part(_png())), tools=[ADD], tool_choice="add")
+    again = pickle.loads(pickle.dumps(request))
+    assert again == request and again.tools[0].parameters == ADD.parameters
+    completion = ab.Completion("", tool_calls=(ab.ToolCall("c", "add", "{}"),))
+    assert pickle.loads(pickle.dumps(completion)) == completion

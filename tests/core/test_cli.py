@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncbackends.cli import main
+from asyncbackends._cli.main import main
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "demo.jsonl"
 
@@ -163,7 +163,7 @@ def test_unwritable_output_is_refused_before_anything_is_sent(tmp_path: Path) ->
 
 
 def ab_cache_entries(path: Path) -> int:
-    from asyncbackends.cache import ResponseCache
+    from asyncbackends._cache import ResponseCache
 
     cache = ResponseCache(path)
     try:
@@ -191,7 +191,7 @@ def test_broken_pipe_ends_quietly(tmp_path: Path) -> None:
 def test_list_shows_the_install_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from asyncbackends import cli
+    from asyncbackends._cli import main as cli
 
     monkeypatch.setattr(cli, "extra_installed", lambda name: name != "vllm")
     assert main(["list"]) == 0

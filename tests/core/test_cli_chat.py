@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.cli import main, parse_request
+from asyncbackends._cli.main import main, parse_request
 
 TOOL = {
     "type": "function",

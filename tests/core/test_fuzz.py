@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncbackends as ab
-from asyncbackends.cli import parse_request
+from asyncbackends._cli.main import parse_request
 
 json_values = st.recursive(
     st.none()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncbackends import cli
+from asyncbackends._cli import main as cli
 
 ROOT = Path(__file__).parents[2]
 

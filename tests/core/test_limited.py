@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.protocol import SupportsFingerprint, SupportsRollingLoglikelihood
+from asyncbackends._protocol import SupportsFingerprint, SupportsRollingLoglikelihood
 
 
 def requests(n: int, prefix: str = "p") -> list[ab.GenerationRequest]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-import asyncbackends.loop as loop_module
+import asyncbackends._loop as loop_module
 
 
 async def _loop_and_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:

@@ -18,8 +18,8 @@ import asyncbackends as ab
 import asyncbackends._limits as limits_module
 import asyncbackends._run as run_module
 from asyncbackends._limits import TokenBucket, estimated_tokens
+from asyncbackends._options import OPTION_NAMES, RunOptions, refuse_unknown_options
 from asyncbackends.adapters.mock import MockBackend
-from asyncbackends.options import OPTION_NAMES, RunOptions, refuse_unknown_options
 
 
 def requests(n: int) -> list[ab.GenerationRequest]:
@@ -123,7 +123,7 @@ def test_run_options_are_frozen_and_exported() -> None:
     with pytest.raises(AttributeError):
         options.concurrency = 4  # type: ignore[misc]
     # The module, not the function's __globals__: a wrapped gather (a mutation tester's) has others.
-    assert ab.RetryPolicy is importlib.import_module("asyncbackends.gather").RetryPolicy
+    assert ab.RetryPolicy is importlib.import_module("asyncbackends._gather").RetryPolicy
     assert ab.DEFAULT_CONCURRENCY == 64
 
 

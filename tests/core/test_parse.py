@@ -35,5 +35,5 @@ def test_a_pair_without_a_key_is_refused_naming_the_flag(bad: str) -> None:
 
 
 def test_the_plugin_does_not_import_the_cli() -> None:
-    code = "import sys, asyncbackends.testing.plugin; sys.exit('asyncbackends.cli' in sys.modules)"
+    code = "import sys, asyncbackends.testing.plugin; sys.exit('asyncbackends._cli.main' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

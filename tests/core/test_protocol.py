@@ -15,13 +15,13 @@ from types import MappingProxyType
 import pytest
 
 import asyncbackends as ab
-from asyncbackends._text import split_trailing_space
-from asyncbackends.protocol import (
+from asyncbackends._protocol import (
     REQUEST_METHODS,
     SupportsFingerprint,
     SupportsRollingLoglikelihood,
     backend_method,
 )
+from asyncbackends._text import split_trailing_space
 
 
 def _docstring_example() -> str:

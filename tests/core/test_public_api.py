@@ -45,3 +45,117 @@ def test_defaults_match_the_design() -> None:
 def test_changelog_has_an_unreleased_section() -> None:
     text = (Path(__file__).parents[2] / "CHANGELOG.md").read_text()
     assert re.search(r"^## \[Unreleased\]$", text, re.M)
+
+
+# Modules a user may import by path; every other module of the package is private by name.
+PUBLIC_MODULES = ("asyncbackends", "asyncbackends.abc", "asyncbackends.errors")
+PUBLIC_PACKAGES = ("asyncbackends.adapters.", "asyncbackends.integrations.", "asyncbackends.testing.")
+FACADES = {"asyncbackends", "asyncbackends.abc", "asyncbackends.testing", "asyncbackends.testing.contract"}
+PACKAGE = Path(ab.__file__).parent
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.append(".".join(parts))
+    return sorted(names)
+
+
+def test_every_module_outside_the_public_ones_is_private_by_name() -> None:
+    public = [
+        m
+        for m in _modules()
+        if not any(part.startswith("_") for part in m.split(".")[1:])
+        and m not in PUBLIC_MODULES
+        and not m.startswith(PUBLIC_PACKAGES)
+        and m not in ("asyncbackends.adapters", "asyncbackends.integrations", "asyncbackends.testing")
+    ]
+    assert public == []
+
+
+def test_each_name_has_one_all_home_outside_the_facades() -> None:
+    import ast
+
+    homes: dict[str, list[str]] = {}
+    for name in _modules():
+        if name in FACADES:
+            continue
+        path = PACKAGE.parent.joinpath(*name.split("."))
+        tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text())
+        own, from_package = set(), set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                own |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").startswith("asyncbackends")
+            ):
+                from_package |= {a.asname or a.name for a in node.names}
+        exported = next(
+            (ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             and any(getattr(t, "id", None) == "__all__" for t in n.targets)),
+            [],
+        )  # fmt: skip
+        # A module exports its own names; re-exporting another module's is the facades' job.
+        assert not set(exported) & from_package, f"{name} re-exports {set(exported) & from_package}"
+        for n in exported:
+            homes.setdefault(n, []).append(name)
+    shared = {n: ms for n, ms in homes.items() if len(ms) > 1 and n != "main"}
+    assert shared == {}
+
+
+def _classes_in(annotation: object) -> list[type]:
+    import typing
+
+    found: list[type] = []
+    if inspect.isclass(annotation) and not typing.get_args(annotation):
+        found.append(annotation)
+    for arg in typing.get_args(annotation):
+        found += _classes_in(arg)
+    origin = typing.get_origin(annotation)
+    if inspect.isclass(origin):
+        found.append(origin)
+    return found
+
+
+def test_every_type_a_public_name_returns_is_importable_from_the_package() -> None:
+    import typing
+
+    import asyncbackends.abc as abc_module
+
+    importable = {id(getattr(ab, n)) for n in ab.__all__} | {
+        id(getattr(abc_module, n)) for n in abc_module.__all__
+    }
+    callables = []
+    for name in ab.__all__:
+        value = getattr(ab, name)
+        if inspect.isfunction(value):
+            callables.append((name, value))
+        elif inspect.isclass(value) and value.__module__.startswith("asyncbackends"):
+            callables += [
+                (f"{name}.{m}", f)
+                for m, f in vars(value).items()
+                if not m.startswith("_") and inspect.isfunction(f)
+            ]
+    missing = {}
+    for name, function in callables:
+        returned = typing.get_type_hints(function).get("return")
+        for cls in _classes_in(returned):
+            if cls.__module__.startswith("asyncbackends") and id(cls) not in importable:
+                missing[name] = cls.__qualname__
+    assert missing == {}
+    assert isinstance(ab.pool([ab.create_backend("mock")]), ab.PoolBackend)
+    assert isinstance(ab.limited(ab.create_backend("mock"), concurrency=2), ab.LimitedBackend)
+
+
+def test_the_extension_surface_names_what_it_exports() -> None:
+    import asyncbackends.abc as abc_module
+
+    public = {n for n, v in vars(abc_module).items() if not n.startswith("_") and not inspect.ismodule(v)}
+    assert set(abc_module.__all__) == public
+    assert abc_module.AsyncBackend is ab.AsyncBackend and abc_module.ReplicaStats is ab.ReplicaStats

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import asyncbackends as ab
-from asyncbackends import registry
+from asyncbackends import _registry as registry
 
 ADAPTER = """
 import asyncbackends as ab

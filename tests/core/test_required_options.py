@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.cli import main
-from asyncbackends.registry import required_options
+from asyncbackends._cli.main import main
+from asyncbackends._registry import required_options
 
 
 class _NeedsTwo:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._cache import CacheReadWarning
 from asyncbackends._clock import AttemptClock
+from asyncbackends._observability.observe import RequestObserver, RunObserver, note_replica
+from asyncbackends._options import RunOptions
 from asyncbackends._run import Run
-from asyncbackends.cache import CacheReadWarning
-from asyncbackends.observe import RequestObserver, RunObserver, note_replica
-from asyncbackends.options import RunOptions
 
 
 def requests(n: int) -> list[ab.GenerationRequest]:
@@ -104,7 +104,7 @@ def test_retry_after_is_capped_at_exactly_max_delay() -> None:
     assert ab.RetryPolicy(initial_delay=1, max_delay=8, jitter=False).delay(3, ab.BackendError("x")) == 4
 
 
-# The observer hooks, in the order asyncbackends.observe documents (found by mutation testing).
+# The observer hooks, in the order asyncbackends._observability.observe documents (found by mutation testing).
 
 
 class Recording(RunObserver):

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.cache import backend_fingerprint
+from asyncbackends._cache import backend_fingerprint
 from asyncbackends.testing.fake_endpoints import FakeEndpointsAPI
 from asyncbackends.testing.fake_tgi import FakeTGIServer
 

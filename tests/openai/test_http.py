@@ -14,8 +14,8 @@ import pytest_asyncio
 from aiohttp import web
 
 import asyncbackends as ab
+from asyncbackends._cache import backend_fingerprint
 from asyncbackends.adapters.openai import OpenAIBackend
-from asyncbackends.cache import backend_fingerprint
 from asyncbackends.testing._serve import serve
 
 

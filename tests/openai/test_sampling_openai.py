@@ -13,8 +13,8 @@ import re
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._protocol import Secret
 from asyncbackends.adapters.openai import OpenAIBackend
-from asyncbackends.protocol import Secret
 
 from .conftest import API_KEY
 

@@ -129,3 +129,22 @@ async def test_a_malformed_tool_call_is_a_malformed_response(stub: Stub, backend
     once = ab.RetryPolicy(max_attempts=1)
     with pytest.raises(ab.BackendError, match=r"malformed OpenAI-compatible response: .*ToolCall\.id"):
         await ab.gather(backend, [ab.GenerationRequest([{"role": "user", "content": "hi"}])], retry=once)
+
+
+@pytest.mark.asyncio
+async def test_disclaimed_tools_and_images_are_refused_before_sending(stub: Stub) -> None:
+    built = await ab.acreate_backend(
+        "openai", base_url=stub.url, api_key="sk-stub", tools=False, images=False
+    )
+    try:
+        assert not built.capabilities.tools and not built.capabilities.images
+        requests = [
+            ab.GenerationRequest([{"role": "user", "content": "hi"}], tools=[ADD], tool_choice="add"),
+            ab.GenerationRequest([{"role": "user", "content": [ab.image_part(PNG)]}]),
+        ]
+        results = await ab.gather(built, requests, return_exceptions=True)
+        assert [type(r) for r in results] == [ab.RequestRejectedError, ab.RequestRejectedError]
+        assert "tools" in str(results[0]) and "images" in str(results[1])
+        assert stub.received == []
+    finally:
+        await built.aclose()

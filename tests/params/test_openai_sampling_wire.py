@@ -63,10 +63,10 @@ def test_unset_parameters_send_nothing() -> None:
 
 def test_capabilities_by_server_kind() -> None:
     honoured = {
-        kind: {n for n in ab.types.OPTIONAL_SAMPLING_PARAMS if getattr(capabilities(kind, None), n)}
+        kind: {n for n in ab._types.OPTIONAL_SAMPLING_PARAMS if getattr(capabilities(kind, None), n)}
         for kind in ("vllm", "generic")
     }
-    assert honoured["vllm"] == set(ab.types.OPTIONAL_SAMPLING_PARAMS)
+    assert honoured["vllm"] == set(ab._types.OPTIONAL_SAMPLING_PARAMS)
     assert honoured["generic"] == {"presence_penalty", "frequency_penalty", "json_schema"}
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters._sampling import refuse_unsupported
-from asyncbackends.cache import ResponseCache
-from asyncbackends.types import OPTIONAL_SAMPLING_PARAMS
+from asyncbackends._cache import ResponseCache
+from asyncbackends._capabilities import refuse_unsupported
+from asyncbackends._types import OPTIONAL_SAMPLING_PARAMS
 
 VALID: dict[str, Any] = {
     "repetition_penalty": 1.2,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from asyncbackends.cli import main
+from asyncbackends._cli.main import main
 
 
 def replicas_file(tmp_path: Path, count: int = 2, **top: Any) -> Path:

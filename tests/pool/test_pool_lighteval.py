@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("lighteval")
 
+from asyncbackends._wrappers.pool import PoolBackend
 from asyncbackends.integrations.lighteval import AsyncBackendsModel, AsyncBackendsModelConfig
-from asyncbackends.wrappers.pool import PoolBackend
 
 from .test_pool_frontends import replicas_file
 

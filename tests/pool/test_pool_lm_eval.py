@@ -13,7 +13,7 @@ from lm_eval.api.registry import get_model
 
 import asyncbackends as ab
 import asyncbackends.integrations.lm_eval
-from asyncbackends.wrappers.pool import PoolBackend
+from asyncbackends._wrappers.pool import PoolBackend
 
 from .test_pool_frontends import replicas_file
 

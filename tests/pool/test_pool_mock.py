@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._wrappers.pool import PoolBackend
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.testing.fake_tgi import FakeTGIServer
-from asyncbackends.wrappers.pool import PoolBackend
 
 
 class NoRolling(MockBackend):

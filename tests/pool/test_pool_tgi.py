@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 
 import asyncbackends as ab
+from asyncbackends._wrappers.pool import PoolBackend
 from asyncbackends.testing.fake_tgi import FakeTGIServer
-from asyncbackends.wrappers.pool import PoolBackend
 
 FAST_RETRY = ab.RetryPolicy(max_attempts=5, initial_delay=0.01, max_delay=0.05)
 MakeServer = Callable[..., Awaitable[FakeTGIServer]]

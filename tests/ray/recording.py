@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from asyncbackends._types import GenerationRequest, GenerationResult
 from asyncbackends.adapters.mock import MockBackend
-from asyncbackends.types import GenerationRequest, GenerationResult
 
 
 class RecordingBackend(MockBackend):

@@ -23,7 +23,7 @@ pytest.importorskip(
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncbackends as ab
-from asyncbackends import cli
+from asyncbackends._cli import main as cli
 
 from . import gated
 from .conftest import reset_globals

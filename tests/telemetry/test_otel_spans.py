@@ -10,8 +10,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 import asyncbackends as ab
-from asyncbackends.observe import note_replica, replica_state, run_observer
-from asyncbackends.telemetry import DURATION_BUCKETS, TOKEN_BUCKETS
+from asyncbackends._observability.observe import note_replica
+from asyncbackends._observability.observers import run_observer
+from asyncbackends._observability.telemetry import DURATION_BUCKETS, TOKEN_BUCKETS
+from asyncbackends._observability.telemetry import record_replica_state as replica_state
 
 from .conftest import OTel, reset_globals
 

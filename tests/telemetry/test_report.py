@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends import cli
-from asyncbackends.observe import note_replica
-from asyncbackends.report import load_run, render_report
-from asyncbackends.runlog import RunLog
+from asyncbackends._cli import main as cli
+from asyncbackends._observability.observe import note_replica
+from asyncbackends._observability.report import load_run, render_report
+from asyncbackends._observability.runlog import RunLog
 
 
 def write_input(path: Path, count: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.observe import note_replica
+from asyncbackends._observability.observe import note_replica
 
 FAST_RETRY = ab.RetryPolicy(max_attempts=3, initial_delay=0.0, jitter=False)
 
@@ -78,7 +78,7 @@ def test_a_raising_callback_is_logged_once_and_the_run_goes_on(
         raise RuntimeError("tracker down")
 
     requests = [ab.GenerationRequest(str(i)) for i in range(3)]
-    with caplog.at_level(logging.ERROR, logger="asyncbackends.callbacks"):
+    with caplog.at_level(logging.ERROR, logger="asyncbackends._observability.callbacks"):
         results = ab.run_batch(make_mock(), requests, callbacks=ab.RunCallbacks(on_request_done=broken))
     assert all(isinstance(r, ab.GenerationResult) for r in results)
     assert sorted(calls) == [0, 1, 2]

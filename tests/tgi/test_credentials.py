@@ -9,9 +9,9 @@ import logging
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._cache import backend_fingerprint
 from asyncbackends.adapters._credentials import is_huggingface_url, is_secret_header
 from asyncbackends.adapters.tgi import TGIBackend
-from asyncbackends.cache import backend_fingerprint
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
 from .conftest import MakeBackend, MakeServer

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.cache import backend_fingerprint
+from asyncbackends._cache import backend_fingerprint
 
 from .conftest import MakeBackend, MakeServer
 

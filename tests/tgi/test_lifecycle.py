@@ -10,7 +10,7 @@ import time
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.cache import backend_fingerprint
+from asyncbackends._cache import backend_fingerprint
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
 from .conftest import TOKEN, MakeBackend, MakeServer, fast_retry

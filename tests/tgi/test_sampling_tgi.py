@@ -39,7 +39,7 @@ def test_capabilities_say_what_tgi_honours() -> None:
     from asyncbackends.adapters.tgi import TGIBackend
 
     caps = TGIBackend(url="http://127.0.0.1:9").capabilities
-    honoured = {n for n in ab.types.OPTIONAL_SAMPLING_PARAMS if getattr(caps, n)}
+    honoured = {n for n in ab._types.OPTIONAL_SAMPLING_PARAMS if getattr(caps, n)}
     assert honoured == {"repetition_penalty", "frequency_penalty", "json_schema", "regex"}
 
 

@@ -37,7 +37,7 @@ Fixtures to override (see `ContractBase` for each one's default): ``backend`` (r
 ``token_prompt``, ``decode``. Knobs are class attributes: ``max_tokens``, ``long_max_tokens``,
 ``concurrency``, ``cancel_after``, ``cancel_timeout``, ``request_timeout``, ``score_tolerance``,
 ``greedy_batch_invariant``, ``loop_stall_threshold``, ``loop_stalls_allowed``, ``varied_samples``,
-``contract_version``, ``structured_max_tokens``, ``sampling_regex``, ``sampling_json_schema``.
+``contract_version``, ``structured_max_tokens``, ``sampling_regex``, ``sampling_json_schema``, ``tool``.
 
 `CONTRACT_VERSION` is the suite's version, raised whenever a contract test is added or made stricter. Pin it
 with ``contract_version = N`` on your class: contract tests added after version N then skip (naming their
@@ -49,6 +49,7 @@ version) until you raise the pin, so upgrading asyncbackends never turns your CI
 from __future__ import annotations
 
 from ._base import CONTRACT_VERSION, GUARD_TEST, ContractBase, added_in, contract_tests, expect
+from .chat import ChatContract
 from .closing import ClosingContract
 from .concurrency import ConcurrencyContract
 from .credentials import CredentialsContract
@@ -62,6 +63,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "GUARD_TEST",
     "BackendContract",
+    "ChatContract",
     "ClosingContract",
     "ConcurrencyContract",
     "ContractBase",
@@ -86,5 +88,6 @@ class BackendContract(
     ClosingContract,
     CredentialsContract,
     ConcurrencyContract,
+    ChatContract,
 ):
     """The whole contract: subclass it, override the ``backend`` fixture; capabilities pick the tests."""

@@ -13,10 +13,10 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from ...gather import RetryPolicy, run_batch
-from ...loop import get_loop_manager
-from ...protocol import AsyncBackend
-from ...types import (
+from ..._gather import RetryPolicy, run_batch
+from ..._loop import get_loop_manager
+from ..._protocol import AsyncBackend
+from ..._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -38,7 +38,7 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 """The suite's version: raised by one whenever a contract test is added or made stricter.
 
 Pin it (``contract_version = 1`` on your test class) to run only the contracts of that version and older:

@@ -17,7 +17,7 @@ from types import FunctionType, MethodType, ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...protocol import Secret
+from ..._protocol import Secret
 
 __all__ = ["foreign_loop_state", "held_secrets", "open_resources", "plain_credentials", "walk"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
-from ...loop import get_loop_manager
+from ..._loop import get_loop_manager
 
 __all__ = ["Frame", "LoopWatch", "Stall", "watch_loop"]
 
@@ -71,7 +71,7 @@ def _stack(frame: FrameType | None) -> tuple[Frame, ...]:
 
 def adapter_code(backend: Any) -> tuple[set[CodeType], set[str]]:
     """The backend's request methods' code objects and its classes' source files (not the library's base)."""
-    from ...protocol import BaseBackend
+    from ..._protocol import BaseBackend
 
     codes: set[CodeType] = set()
     files: set[str] = set()

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from ..._loop import get_loop_manager
+from ..._protocol import AsyncBackend
+from ..._types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
 from ...errors import BackendClosedError, BackendError
-from ...loop import get_loop_manager
-from ...protocol import AsyncBackend
-from ...types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
 from ._base import ContractBase, added_in, describe_error, expect
 from ._inspect import open_resources
 

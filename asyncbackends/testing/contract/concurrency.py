@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from ..._gather import RetryPolicy, run_batch
+from ..._protocol import AsyncBackend
+from ..._types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
 from ...errors import BackendTimeoutError
-from ...gather import RetryPolicy, run_batch
-from ...protocol import AsyncBackend
-from ...types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
 from ._base import ContractBase, added_in, describe_error, expect
 from ._stalls import Frame, Stall, adapter_code, in_adapter, watch_loop
 

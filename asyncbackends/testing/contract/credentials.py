@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from ...protocol import AsyncBackend
-from ...types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
+from ..._protocol import AsyncBackend
+from ..._types import GenerationRequest, LoglikelihoodRequest, Request, SamplingParams
 from ._base import ContractBase, added_in, expect
 from ._inspect import held_secrets, plain_credentials
 from .lifecycle import unsupported_requests

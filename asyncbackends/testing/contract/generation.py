@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from ...protocol import AsyncBackend
-from ...types import (
+from ..._protocol import AsyncBackend
+from ..._types import (
     Capabilities,
     Completion,
     GenerationRequest,

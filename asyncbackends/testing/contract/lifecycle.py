@@ -10,22 +10,22 @@ from typing import Any, cast
 
 import pytest
 
-from ...errors import (
-    AsyncBackendsError,
-    BackendError,
-    InvalidRequestError,
-    RequestRejectedError,
-)
-from ...gather import as_completed, gather
-from ...loop import get_loop_manager
-from ...protocol import AsyncBackend
-from ...types import (
+from ..._gather import as_completed, gather
+from ..._loop import get_loop_manager
+from ..._protocol import AsyncBackend
+from ..._types import (
     Capabilities,
     GenerationRequest,
     LoglikelihoodRequest,
     Request,
     RollingLoglikelihoodRequest,
     SamplingParams,
+)
+from ...errors import (
+    AsyncBackendsError,
+    BackendError,
+    InvalidRequestError,
+    RequestRejectedError,
 )
 from ._base import ContractBase, expect
 from ._base import describe_error as _name

@@ -16,9 +16,11 @@ from typing import Any, TextIO
 import pytest
 
 from .. import plugin
-from ..plugin import CONTRACT_EXTRAS, CONTRACT_TARGET, UNREACHABLE, UNREACHABLE_EXIT, parse_option_value
+from ..plugin import CONTRACT_EXTRAS, CONTRACT_TARGET, UNREACHABLE
+from ..plugin import UNREACHABLE_EXIT as UNREACHABLE_EXIT
+from ..plugin import parse_option_value as parse_option_value
 
-__all__ = ["UNREACHABLE_EXIT", "parse_option_value", "run_contract"]
+__all__ = ["run_contract"]
 
 _MAX_LINES = 12
 

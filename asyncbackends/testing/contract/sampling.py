@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from ..._protocol import AsyncBackend
+from ..._types import OPTIONAL_SAMPLING_PARAMS
 from ...errors import RequestRejectedError
-from ...protocol import AsyncBackend
-from ...types import OPTIONAL_SAMPLING_PARAMS
 from ._base import ContractBase, expect
 
 __all__ = ["SamplingContract"]

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from ...protocol import AsyncBackend
-from ...types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
+from ..._protocol import AsyncBackend
+from ..._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
 from ._base import ContractBase, close_enough, expect
 
 __all__ = ["LoglikelihoodContract"]

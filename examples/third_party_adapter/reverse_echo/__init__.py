@@ -14,6 +14,7 @@ import itertools
 import random
 
 import asyncbackends as ab
+from asyncbackends.abc import refuse_unclaimed_chat
 
 __all__ = ["ReverseEchoBackend"]
 
@@ -98,6 +99,8 @@ class ReverseEchoBackend(ab.BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
+        # Images and tools it does not claim are refused too, naming them, before anything is done.
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         text = self._prompt_text(request)
         completions = [
             await self._complete(text[::-1], request.params, i, request.request_id)

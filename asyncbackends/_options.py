@@ -15,10 +15,10 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .cache import ResponseCache
-from .callbacks import RunCallbacks
+from ._cache import ResponseCache
+from ._observability.callbacks import RunCallbacks
+from ._observability.run_metrics import RunMetrics
 from .errors import InvalidRequestError, RateLimitedError
-from .metrics import RunMetrics
 
 __all__ = ["DEFAULT_CONCURRENCY", "RateLimit", "RetryPolicy", "RunOptions", "refuse_unknown_options"]
 

@@ -25,10 +25,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from .errors import AsyncBackendsError, BackendError
-from .gather import as_completed
-from .loop import get_loop_manager
-from .types import Request
+from .._gather import as_completed
+from .._loop import get_loop_manager
+from .._types import Request
+from ..errors import AsyncBackendsError, BackendError
 
 __all__ = ["RecordWriter", "RunInterrupted", "record", "results_only_stdout", "stream_outcomes"]
 

@@ -4,9 +4,9 @@ Validation happens when a request is built, so nothing invalid ever reaches a ba
 `InvalidRequestError` naming the field.
 """
 
-# This module holds the requests and their prompts; the results (results.py), SamplingParams (sampling.py)
-# and Capabilities (capabilities.py) live beside it, one concept a module, and are re-exported from here:
-# `asyncbackends.types` stays the one documented place for all of them.
+# This module holds the requests and their prompts; the results (_results.py), SamplingParams
+# (_sampling_params.py) and Capabilities (_capabilities.py) live beside it, one concept a module, and are
+# re-exported from here for the package's own imports (the public home of them all is `asyncbackends`).
 
 from __future__ import annotations
 
@@ -14,32 +14,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+from ._capabilities import Capabilities as Capabilities
+from ._chat import CHAT_ROLES as CHAT_ROLES
+from ._chat import TOOL_CHOICES, image_urls, normalise_message
+from ._chat import ChatMessage as ChatMessage
+from ._chat import Tool as Tool
+from ._chat import ToolCall as ToolCall
+from ._chat import uses_tools as _uses_tools
 from ._field_checks import check_request_id, is_int, set_field
-from .capabilities import Capabilities
-from .chat import CHAT_ROLES, TOOL_CHOICES, ChatMessage, Tool, ToolCall, image_urls, normalise_message
-from .chat import uses_tools as _uses_tools
+from ._results import Completion as Completion
+from ._results import FinishReason as FinishReason
+from ._results import GenerationResult as GenerationResult
+from ._results import LoglikelihoodResult as LoglikelihoodResult
+from ._results import Result as Result
+from ._sampling_params import OPTIONAL_SAMPLING_PARAMS as OPTIONAL_SAMPLING_PARAMS
+from ._sampling_params import SamplingParams as SamplingParams
 from .errors import InvalidRequestError
-from .results import Completion, GenerationResult, LoglikelihoodResult, Result
-from .results import FinishReason as FinishReason
-from .sampling import OPTIONAL_SAMPLING_PARAMS, SamplingParams
 
 __all__ = [
-    "CHAT_ROLES",
-    "OPTIONAL_SAMPLING_PARAMS",
-    "Capabilities",
-    "ChatMessage",
-    "Completion",
     "GenerationRequest",
-    "GenerationResult",
     "LoglikelihoodRequest",
-    "LoglikelihoodResult",
     "Prompt",
     "Request",
-    "Result",
     "RollingLoglikelihoodRequest",
-    "SamplingParams",
-    "Tool",
-    "ToolCall",
 ]
 
 Prompt: TypeAlias = str | tuple[ChatMessage, ...] | tuple[int, ...]
@@ -73,7 +70,8 @@ class GenerationRequest:
 
     Args:
         prompt: Text, a list of chat messages in OpenAI's shape (``{"role", "content"}``, content parts,
-            ``tool_calls``, ``role: "tool"`` messages: see `asyncbackends.chat`), or a list of token ids.
+            ``tool_calls``, ``role: "tool"`` messages: see the page "Chat, images and tools"), or a list
+            of token ids.
         params: How to sample.
         request_id: Your id for this request; echoed in its result and errors.
         tools: The functions the model may call (`Tool`, or OpenAI's ``{"type": "function", ...}`` dicts);

@@ -11,7 +11,7 @@ import math
 import random
 from typing import Literal
 
-from ..types import GenerationRequest, LoglikelihoodRequest, Request, RollingLoglikelihoodRequest
+from .._types import GenerationRequest, LoglikelihoodRequest, Request, RollingLoglikelihoodRequest
 from .replica import Replica
 
 __all__ = ["POWER_OF_TWO_ABOVE", "ROUTINGS", "Routing", "affine", "affinity_key", "least_loaded"]

@@ -26,18 +26,14 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._otel_instruments import DURATION_BUCKETS, TOKEN_BUCKETS, instruments_of
-from .errors import AsyncBackendsError, BackendError, RateLimitedError
+from .._types import GenerationRequest, GenerationResult, LoglikelihoodRequest, Request
+from ..errors import AsyncBackendsError, BackendError, RateLimitedError
 from .observe import Outcome, RequestObserver, RunObserver
-from .types import GenerationRequest, GenerationResult, LoglikelihoodRequest, Request
+from .otel_instruments import DURATION_BUCKETS as DURATION_BUCKETS
+from .otel_instruments import TOKEN_BUCKETS as TOKEN_BUCKETS
+from .otel_instruments import instruments_of
 
-__all__ = [
-    "DURATION_BUCKETS",
-    "TOKEN_BUCKETS",
-    "capture_context",
-    "otel_observer",
-    "record_replica_state",
-]
+__all__ = ["capture_context", "otel_observer", "record_replica_state"]
 
 IN_PROCESS = frozenset({"vllm", "mock"})
 """Backend names whose requests run in this process: their spans are INTERNAL, not CLIENT."""
@@ -45,7 +41,7 @@ _SCOPE = "asyncbackends"
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

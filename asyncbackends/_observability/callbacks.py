@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .errors import AsyncBackendsError, BackendError, RateLimitedError
+from .._types import GenerationResult, Request
+from ..errors import AsyncBackendsError, BackendError, RateLimitedError
 from .observe import Outcome, RequestObserver, RunObserver
-from .types import GenerationResult, Request
 
 __all__ = ["CallbackObserver", "RequestDone", "RetryEvent", "RunCallbacks", "TokenUsage"]
 
@@ -121,7 +121,7 @@ class RunCallbacks:
     on_usage: Callable[[TokenUsage], object] | None = None
 
     def __post_init__(self) -> None:
-        from .errors import InvalidRequestError
+        from ..errors import InvalidRequestError
 
         for name in ("on_request_done", "on_retry", "on_usage"):
             value = getattr(self, name)

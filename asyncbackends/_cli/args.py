@@ -1,10 +1,10 @@
-"""The ``asyncbackends`` command's arguments, help texts and examples (`asyncbackends.cli` runs them)."""
+"""The ``asyncbackends`` command's arguments, help texts and examples (`main` runs them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ._cli_observability import add_observability_options, add_report_command
+from .observability import add_observability_options, add_report_command
 
 __all__ = ["build_parser"]
 

@@ -37,25 +37,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from ._cli_args import build_parser
-from ._cli_observability import cmd_report, observed
-from ._cli_output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
-from ._parse import parse_option_value, parse_options
-from .cache import ResponseCache
-from .errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
-from .gather import RetryPolicy, run_batch
-from .loop import get_loop_manager
-from .metrics import RunMetrics
-from .registry import available_backends, create_backend, extra_installed, required_options
-from .types import (
+from .._cache import ResponseCache
+from .._gather import RetryPolicy, run_batch
+from .._loop import get_loop_manager
+from .._observability.run_metrics import RunMetrics
+from .._parse import parse_option_value as parse_option_value
+from .._parse import parse_options as parse_options
+from .._registry import available_backends, create_backend, extra_installed, required_options
+from .._types import (
     GenerationRequest,
     LoglikelihoodRequest,
     Request,
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
+from .args import build_parser
+from .observability import cmd_report, observed
+from .output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 
-__all__ = ["main", "parse_option_value", "parse_options", "parse_request"]
+__all__ = ["main", "parse_request"]
 
 _MAX_REPORTED = 20
 
@@ -266,7 +267,7 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     if importlib.util.find_spec("pytest") is None:
         raise BackendNotFoundError("the contract suite runs on pytest: pip install 'asyncbackends[testing]'")
-    from .testing.contract import run_contract
+    from ..testing.contract import run_contract
 
     failing = parse_options(args.failing_option) if args.failing_option else None
     return run_contract(

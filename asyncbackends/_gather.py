@@ -14,26 +14,23 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Literal, Never, overload
 
+from ._cache import ResponseCache
+from ._loop import get_loop_manager
+from ._observability.callbacks import RunCallbacks
+from ._observability.observe import RunObserver
+from ._observability.observers import watch
+from ._observability.run_metrics import RunMetrics
+from ._options import DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY
+from ._options import RateLimit as RateLimit
+from ._options import RetryPolicy as RetryPolicy
+from ._options import RunOptions as RunOptions
+from ._options import refuse_unknown_options
+from ._protocol import AsyncBackend
 from ._run import Outcome, Run
-from .cache import ResponseCache
-from .callbacks import RunCallbacks
+from ._types import Request, Result
 from .errors import AsyncBackendsError, InvalidRequestError
-from .loop import get_loop_manager
-from .metrics import RunMetrics
-from .observe import RunObserver, watch
-from .options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions, refuse_unknown_options
-from .protocol import AsyncBackend
-from .types import Request, Result
 
-__all__ = [
-    "DEFAULT_CONCURRENCY",
-    "RateLimit",
-    "RetryPolicy",
-    "RunOptions",
-    "as_completed",
-    "gather",
-    "run_batch",
-]
+__all__ = ["as_completed", "gather", "run_batch"]
 
 CacheOption = ResponseCache | str | os.PathLike[str] | None
 

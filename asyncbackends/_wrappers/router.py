@@ -34,8 +34,8 @@ What the router does with one attempt (`Router.call`):
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`,
 the shared loop under `gather`. `Router.aclose` stops the probes; closing the replicas is the owner's job.
 
-A replica's state, figures and fault rules live in `asyncbackends.wrappers.replica`, the two ways of
-choosing one in `asyncbackends.wrappers.routing`; this module ties them into the policy above (their public
+A replica's state, figures and fault rules live in `asyncbackends._wrappers.replica`, the two ways of
+choosing one in `asyncbackends._wrappers.routing`; this module ties them into the policy above (their public
 names are importable from here as well).
 """
 
@@ -49,22 +49,21 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from .._observability.observe import note_replica
+from .._observability.telemetry import record_replica_state
+from .._types import GenerationRequest, Request, Result, SamplingParams
 from ..errors import BackendError, BackendUnavailableError, InvalidRequestError
-from ..observe import note_replica, replica_state
-from ..types import GenerationRequest, Request, Result, SamplingParams
-from .replica import COOLING, HEALTHY, REFUSED, Replica, ReplicaStats, is_replica_fault, sent_nothing
-from .routing import POWER_OF_TWO_ABOVE, ROUTINGS, Routing, affine, affinity_key, least_loaded
+from .replica import COOLING, HEALTHY, REFUSED
+from .replica import Replica as Replica
+from .replica import ReplicaStats as ReplicaStats
+from .replica import is_replica_fault as is_replica_fault
+from .replica import sent_nothing as sent_nothing
+from .routing import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
+from .routing import ROUTINGS as ROUTINGS
+from .routing import Routing as Routing
+from .routing import affine, affinity_key, least_loaded
 
-__all__ = [
-    "POWER_OF_TWO_ABOVE",
-    "ROUTINGS",
-    "Replica",
-    "ReplicaStats",
-    "Router",
-    "Routing",
-    "is_replica_fault",
-    "sent_nothing",
-]
+__all__ = ["Router"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,7 @@ class Router:
         self._taken_back: asyncio.Future[None] | None = None
         self._closed = False
         for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
-            replica_state("pool", replica.label, replica.state)
+            record_replica_state("pool", replica.label, replica.state)
 
     # -- routing -------------------------------------------------------------------------------------
 
@@ -248,7 +247,7 @@ class Router:
         if isinstance(retry_after, (int, float)) and retry_after > length:
             length = min(self.max_cooldown, float(retry_after))
         replica.state = COOLING
-        replica_state("pool", replica.label, COOLING, HEALTHY)
+        record_replica_state("pool", replica.label, COOLING, HEALTHY)
         replica.cooldowns += 1
         replica.cooled_until = time.monotonic() + length
         replica.last_error = f"{type(exc).__name__}: {exc}"
@@ -257,7 +256,7 @@ class Router:
 
     def refuse(self, replica: Replica, reason: str) -> None:
         """Take ``replica`` out of service for good (it serves another model, say)."""
-        replica_state("pool", replica.label, REFUSED, replica.state)
+        record_replica_state("pool", replica.label, REFUSED, replica.state)
         replica.state = REFUSED
         replica.last_error = reason
         log.warning("replica %s refused: %s", replica.label, reason)
@@ -284,7 +283,7 @@ class Router:
                 replica.last_error = f"probe: {type(exc).__name__}: {exc}"
                 continue
             replica.state = HEALTHY
-            replica_state("pool", replica.label, HEALTHY, COOLING)
+            record_replica_state("pool", replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)
             self._wake()

@@ -1,7 +1,7 @@
 """A run's report: one self-contained HTML page (inline SVG charts, no script, nothing fetched).
 
 ``asyncbackends report run.jsonl`` reads the file that ``asyncbackends run ... --metrics-file run.jsonl``
-wrote (see `asyncbackends.runlog.RunLog`) and draws throughput over time, the latency distribution, retries
+wrote (see `runlog.RunLog`) and draws throughput over time, the latency distribution, retries
 and errors by reason, and a line per replica where the backend was a pool.
 """
 
@@ -15,8 +15,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ._svg import bar_chart, column_chart
-from .errors import InvalidRequestError
+from ..errors import InvalidRequestError
+from .svg import bar_chart, column_chart
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 

@@ -1,4 +1,4 @@
-"""The run's OpenTelemetry instruments, made once per meter provider (see `asyncbackends.telemetry`)."""
+"""The run's OpenTelemetry instruments, made once per meter provider (see `telemetry`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _SCOPE = "asyncbackends"
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

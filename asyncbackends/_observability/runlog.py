@@ -25,8 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .._types import GenerationResult
 from .callbacks import RequestDone, RetryEvent, RunCallbacks
-from .types import GenerationResult
 
 __all__ = ["RunLog"]
 

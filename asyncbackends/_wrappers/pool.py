@@ -6,7 +6,7 @@ backend = ab.create_backend("pool", replicas=[{"backend": "tgi", "url": "http://
 backend = ab.create_backend("pool", replicas="replicas.toml")               # the same, from a file
 ```
 
-Each attempt goes through `asyncbackends.wrappers.router.Router` (load, cool-downs, probes, failover,
+Each attempt goes through `asyncbackends._wrappers.router.Router` (load, cool-downs, probes, failover,
 affinity), so `gather` stays the one fan-out path: its retries, timeouts, cache and metrics work unchanged.
 
 **One model.** Before the first request the pool reads the model each replica serves (TGI's ``/info``
@@ -43,16 +43,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..adapters._sampling import refuse_unclaimed_chat, refuse_unsupported
-from ..errors import (
-    BackendClosedError,
-    BackendError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    RequestRejectedError,
-)
-from ..protocol import BaseBackend
-from ..types import (
+from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from .._protocol import BaseBackend
+from .._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -60,17 +53,26 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
+from ..errors import (
+    BackendClosedError,
+    BackendError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
 from .pool_replicas import (
     common_capabilities,
-    load_replicas_file,
     replica_label,
     replica_model,
     static_identity,
 )
+from .pool_replicas import (
+    load_replicas_file as load_replicas_file,
+)
 from .replica import HEALTHY, Replica, ReplicaStats
 from .router import Router
 
-__all__ = ["PoolBackend", "load_replicas_file", "pool"]
+__all__ = ["PoolBackend", "pool"]
 
 _POOL_KEYS = ("capacity", "label")
 
@@ -183,7 +185,7 @@ class PoolBackend(BaseBackend):
             raise InvalidRequestError(
                 "replicas must be a non-empty list of {'backend': name, ...} or a file path"
             )
-        from ..registry import acreate_backend
+        from .._registry import acreate_backend
 
         built: list[Any] = []
         capacities: list[int | None] = []
@@ -369,7 +371,7 @@ def pool(
     Raises:
         InvalidRequestError: Bad options, or (from sync code) replicas serving different models.
     """
-    from ..loop import get_loop_manager
+    from .._loop import get_loop_manager
 
     backend = PoolBackend(backends, routing=routing, capacities=capacities, labels=labels, **router_options)
     manager = get_loop_manager()

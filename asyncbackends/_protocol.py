@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, Final, Protocol, Self, runtime_checkable
 
-from .errors import BackendClosedError, RequestRejectedError
-from .types import (
+from ._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -29,6 +28,7 @@ from .types import (
     Result,
     RollingLoglikelihoodRequest,
 )
+from .errors import BackendClosedError, RequestRejectedError
 
 __all__ = [
     "REQUEST_METHODS",
@@ -211,7 +211,7 @@ class BaseBackend:
 
     def close(self) -> None:
         """Blocking `aclose`, run on the shared loop: for sync code."""
-        from .loop import get_loop_manager
+        from ._loop import get_loop_manager
 
         get_loop_manager().run(self.aclose())
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._loop import get_loop_manager
+from ._protocol import AsyncBackend
 from .errors import BackendNotFoundError, InvalidRequestError
-from .loop import get_loop_manager
-from .protocol import AsyncBackend
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -63,7 +63,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "endpoints": _Builtin(
         "asyncbackends.adapters.endpoints:EndpointsBackend", "endpoints", ("aiohttp", "huggingface_hub")
     ),
-    "pool": _Builtin("asyncbackends.wrappers.pool:PoolBackend", None, ()),
+    "pool": _Builtin("asyncbackends._wrappers.pool:PoolBackend", None, ()),
     "ray": _Builtin("asyncbackends.adapters.ray:RayBackend", "ray", ("ray",)),
 }
 

@@ -14,29 +14,25 @@ request and nothing else. Otherwise, for each request the worker picks up, the r
       done(outcome)                                   # the result or the error the caller gets
       cancelled()                                     # instead of done(): cancelled with the run
 
-Two implementations ship: OpenTelemetry spans and metrics (`asyncbackends.telemetry`) and plain callbacks
-(`asyncbackends.callbacks.RunCallbacks`); with both, `Fanout` calls each in turn. A wrapper backend that
-sends an attempt to one of several replicas (a pool) calls `note_replica` inside the attempt, so the
-observers can say which replica served it, and `replica_state` when a replica changes state.
+Two implementations ship: OpenTelemetry spans and metrics (`telemetry`) and plain
+callbacks (`callbacks.RunCallbacks`); with both, `Fanout` calls each in turn; `observers.watch` builds a
+run's (this module knows none of them). A wrapper backend that sends an attempt to one of several replicas
+(a pool) calls `note_replica` inside the attempt, so the observers can say which replica served it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
 
-from .errors import AsyncBackendsError, BackendError
-from .types import Request, Result
+from .._types import Request, Result
+from ..errors import AsyncBackendsError, BackendError
 
 __all__ = [
     "Fanout",
     "RequestObserver",
     "RunObserver",
     "note_replica",
-    "replica_state",
-    "run_observer",
-    "watch",
 ]
 
 Outcome = Result | AsyncBackendsError
@@ -145,54 +141,8 @@ class Fanout(RunObserver):
             part.run_ended()
 
 
-def run_observer(backend: Any, callbacks: Any = None, *, parent_context: Any = None) -> RunObserver | None:
-    """The observer for one run of ``backend``: ``None`` when nothing watches.
-
-    Args:
-        backend: The run's backend (its name, model and address label the telemetry).
-        callbacks: The run's `RunCallbacks`, or ``None``.
-        parent_context: The caller's OpenTelemetry context, captured with
-            `asyncbackends.telemetry.capture_context` in the caller's thread (the run itself executes on
-            the shared loop's thread, where the caller's active span is not current).
-    """
-    from . import telemetry
-
-    parts: list[RunObserver] = []
-    otel = telemetry.otel_observer(backend, parent_context)
-    if otel is not None:
-        parts.append(otel)
-    if callbacks is not None:
-        from .callbacks import CallbackObserver
-
-        parts.append(CallbackObserver(backend, callbacks))
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else Fanout(parts)
-
-
-def watch(backend: Any, options: Any) -> RunObserver | None:
-    """The observer for a run of ``backend`` with `RunOptions` ``options``, made in the caller's thread.
-
-    The gathering entry points call this before handing the run to the shared loop, so the caller's active
-    OpenTelemetry span (current in the caller's thread or task, not on the loop's thread) is the parent.
-    """
-    from .telemetry import capture_context
-
-    return run_observer(backend, options.callbacks, parent_context=capture_context())
-
-
 def note_replica(name: str) -> None:
     """Say which replica serves the attempt running in this task (a pool calls this; cheap when unwatched)."""
     observer = current_request.get()
     if observer is not None:
         observer.replica(name)
-
-
-def replica_state(pool: str, replica: str, state: str, previous: str | None = None) -> None:
-    """Report that ``replica`` of ``pool`` is now in ``state`` (e.g. "healthy", "cooling", "probing").
-
-    Published as the ``asyncbackends.replica.state`` gauge where an OpenTelemetry SDK is configured.
-    """
-    from . import telemetry
-
-    telemetry.record_replica_state(pool, replica, state, previous)

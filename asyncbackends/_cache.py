@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .chat import image_digest
-from .errors import InvalidRequestError
-from .protocol import AsyncBackend, SupportsFingerprint
-from .types import (
+from ._chat import image_digest
+from ._protocol import AsyncBackend, SupportsFingerprint
+from ._types import (
     Completion,
     GenerationRequest,
     GenerationResult,
@@ -36,6 +35,7 @@ from .types import (
     Result,
     ToolCall,
 )
+from .errors import InvalidRequestError
 
 __all__ = ["CacheReadWarning", "ResponseCache", "backend_fingerprint", "open_cache"]
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from ._chat import ToolCall
 from ._field_checks import as_floats, as_ints, check_request_id, is_int, set_field
-from .chat import ToolCall
 from .errors import InvalidRequestError
 
 __all__ = ["Completion", "FinishReason", "GenerationResult", "LoglikelihoodResult", "Result"]

@@ -17,10 +17,9 @@ from typing import Any, Self, TypeVar
 
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
-from ..errors import InvalidRequestError
-from ..options import RateLimit
-from ..protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
-from ..types import (
+from .._options import RateLimit
+from .._protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
+from .._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -29,6 +28,7 @@ from ..types import (
     Request,
     RollingLoglikelihoodRequest,
 )
+from ..errors import InvalidRequestError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 

@@ -1,6 +1,6 @@
 """The command line's observability parts: ``run --metrics-file/--metrics-port`` and ``report``.
 
-Kept apart from `asyncbackends.cli`, which calls these four functions.
+Kept apart from `asyncbackends._cli.main`, which calls these four functions.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from .callbacks import RunCallbacks
-from .errors import InvalidRequestError
-from .metrics import RunMetrics
+from .._observability.callbacks import RunCallbacks
+from .._observability.run_metrics import RunMetrics
+from ..errors import InvalidRequestError
 
 __all__ = ["add_observability_options", "add_report_command", "cmd_report", "observed"]
 
@@ -24,8 +24,8 @@ def observed(
     args: argparse.Namespace, backend: Any, requests: int, metrics: RunMetrics
 ) -> Iterator[RunCallbacks | None]:
     """The run's ``--metrics-port`` server and ``--metrics-file`` log, open while the run goes."""
-    from .prometheus import MetricsServer
-    from .runlog import RunLog
+    from .._observability.prometheus import MetricsServer
+    from .._observability.runlog import RunLog
 
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None:
@@ -56,7 +56,7 @@ def add_observability_options(run: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from .report import write_report
+    from .._observability.report import write_report
 
     source = Path(args.run)
     if not source.exists():

@@ -1,6 +1,6 @@
 """What a pool reads from its replicas: the replicas file, their labels, models, identities, capabilities.
 
-`asyncbackends.wrappers.pool` puts the replicas behind one backend with these.
+`asyncbackends._wrappers.pool` puts the replicas behind one backend with these.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cache import backend_fingerprint
+from .._cache import backend_fingerprint
+from .._types import Capabilities
 from ..errors import InvalidRequestError
-from ..types import Capabilities
 
 __all__ = ["common_capabilities", "load_replicas_file", "replica_label", "replica_model", "static_identity"]
 

@@ -1,0 +1,1 @@
+"""The `asyncbackends` command line (private: the console script and `python -m asyncbackends` use it)."""

@@ -1,0 +1,1 @@
+"""Run observers, OpenTelemetry, callbacks, run metrics, the report and the Prometheus server (private)."""

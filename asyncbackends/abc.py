@@ -1,0 +1,52 @@
+"""The extension surface: what adapters, wrappers and observers are built from (as ``anyio.abc``).
+
+`asyncbackends` itself holds what a caller uses (requests, results, ``gather``, ``create_backend``, the
+wrappers); this module holds what an extension author builds on:
+
+- **Adapters**: the `AsyncBackend` protocol and its optional members (`SupportsRollingLoglikelihood`,
+  `SupportsFingerprint`), the optional base class `BaseBackend`, `Secret` for credentials,
+  `refuse_unsupported` and `refuse_unclaimed_chat` (the first calls in an adapter's ``generate``: optional
+  sampling parameters, images and tools it does not claim), `backend_fingerprint` (the identity
+  the response cache keys on), `held_slot` (an adapter's own connection slots, which ``gather``'s
+  per-attempt timeout does not time), and the registry's option checks (`check_options`, `required_options`).
+- **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
+  its record of a replica (`Replica`, `ReplicaStats`) and the two rules that decide what a failed
+  attempt means (`is_replica_fault`, `sent_nothing`).
+- **Observers**: `RunObserver` and `RequestObserver`, the hooks a run calls, and `note_replica`, which a
+  routing wrapper calls inside an attempt.
+
+Every other module of the package is private by name (a leading underscore) and may change without notice;
+``asyncbackends.errors``, ``asyncbackends.adapters.<name>`` (the registry's targets),
+``asyncbackends.integrations`` and ``asyncbackends.testing`` are public too.
+"""
+
+from ._cache import backend_fingerprint
+from ._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from ._clock import held_slot
+from ._observability.observe import RequestObserver, RunObserver, note_replica
+from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, SupportsRollingLoglikelihood
+from ._registry import check_options, required_options
+from ._wrappers.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
+from ._wrappers.router import Router
+
+__all__ = [
+    "AsyncBackend",
+    "BaseBackend",
+    "Replica",
+    "ReplicaStats",
+    "RequestObserver",
+    "Router",
+    "RunObserver",
+    "Secret",
+    "SupportsFingerprint",
+    "SupportsRollingLoglikelihood",
+    "backend_fingerprint",
+    "check_options",
+    "held_slot",
+    "is_replica_fault",
+    "note_replica",
+    "refuse_unclaimed_chat",
+    "refuse_unsupported",
+    "required_options",
+    "sent_nothing",
+]
