@@ -28,11 +28,11 @@ from inspect_ai.model import (
 from inspect_ai.model._call_tools import parse_tool_call
 from inspect_ai.tool import ToolChoice, ToolFunction, ToolInfo
 
-from asyncbackends.capabilities import Capabilities
-from asyncbackends.chat import Tool, ToolCall, image_part
+from asyncbackends._capabilities import Capabilities
+from asyncbackends._chat import Tool, ToolCall, image_part
+from asyncbackends._results import Completion, GenerationResult
+from asyncbackends._sampling_params import SamplingParams
 from asyncbackends.errors import InvalidRequestError
-from asyncbackends.results import Completion, GenerationResult
-from asyncbackends.sampling import SamplingParams
 
 __all__ = [
     "INSPECT_SIDE",

@@ -46,7 +46,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         name=exc.name,
     ) from exc
 
+from asyncbackends._loop import get_loop_manager
+from asyncbackends._options import DEFAULT_CONCURRENCY
 from asyncbackends._parse import parse_option_value
+from asyncbackends._protocol import AsyncBackend
+from asyncbackends._registry import _factory, _load, _parameters, create_backend
+from asyncbackends._results import Completion
+from asyncbackends._types import GenerationRequest
 from asyncbackends.errors import BackendError, InvalidRequestError, RateLimitedError
 from asyncbackends.integrations._inspect_convert import (
     messages_of,
@@ -55,12 +61,6 @@ from asyncbackends.integrations._inspect_convert import (
     tool_choice_of,
     tools_of,
 )
-from asyncbackends.loop import get_loop_manager
-from asyncbackends.options import DEFAULT_CONCURRENCY
-from asyncbackends.protocol import AsyncBackend
-from asyncbackends.registry import _factory, _load, _parameters, create_backend
-from asyncbackends.results import Completion
-from asyncbackends.types import GenerationRequest
 
 __all__ = ["AsyncBackendsAPI", "backend_options", "inspect_model"]
 

@@ -26,7 +26,7 @@ from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import Tool, tool
 
 import asyncbackends as ab
-from asyncbackends.chat import image_digest
+from asyncbackends._chat import image_digest
 from asyncbackends.integrations import _inspect_convert as convert
 from asyncbackends.testing._serve import serve
 
