@@ -1,0 +1,82 @@
+"""inspect_ai's own `eval` through the provider on a real vLLM engine: outputs equal vLLM's offline `LLM.chat`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("inspect_ai")
+
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.solver import generate, system_message
+
+from asyncbackends.integrations.inspect_ai import inspect_model
+
+from ..processes import start_group, stop_group
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    # vLLM's engine shutdown leaves a ZMQ context for the garbage collector; inspect leaves anyio streams.
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning"),
+]
+
+SYSTEM = "You answer briefly."
+QUESTIONS = ["What is two plus two?", "Name a colour.", "Once upon a time", "def add(a, b):", "Count: 1 2 3"]
+MAX_TOKENS = 12
+# The session engine's settings (conftest.py), so the reference renders and decodes the same way.
+ENGINE = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.1, "max_model_len": 512}
+
+
+def _offline_chat(model: Path, work: Path) -> list[dict[str, Any]]:
+    conversations = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS
+    ]
+    (work / "in.json").write_text(json.dumps(conversations))
+    script = Path(__file__).with_name("_inspect_chat_reference.py")
+    args = [str(model), json.dumps(ENGINE), str(work / "in.json"), str(MAX_TOKENS), str(work / "out.json")]
+    with (work / "log.txt").open("wb") as log:
+        proc = start_group([sys.executable, str(script), *args], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert proc.wait(timeout=400) == 0, (work / "log.txt").read_text()[-3000:]
+        finally:
+            stop_group(proc)
+    return json.loads((work / "out.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_inspect_eval_on_vllm_equals_offline_llm_chat(
+    vllm_backend: Any, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    expected = _offline_chat(tiny_model_path, tmp_path)
+    task = Task(
+        dataset=[Sample(input=q, target="x") for q in QUESTIONS],
+        solver=[system_message(SYSTEM), generate()],
+    )
+    model = inspect_model(vllm_backend)
+    logs = eval(
+        task,
+        model=model,
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert logs[0].status == "success", logs[0].error
+    samples = sorted(logs[0].samples or [], key=lambda s: QUESTIONS.index(str(s.input)))
+    assert len(samples) == len(QUESTIONS)
+    for sample, reference in zip(samples, expected, strict=True):
+        assert sample.output.completion == reference["text"], sample.input
+        usage = sample.output.usage
+        assert usage is not None
+        assert (usage.input_tokens, usage.output_tokens) == (
+            reference["prompt_tokens"],
+            reference["output_tokens"],
+        )
