@@ -116,7 +116,7 @@ def plan_engines(
     on_cpu: bool,
     devices: Sequence[str] = (),
 ) -> list[EnginePlan]:
-    """Place ``count`` engines round-robin over ``devices`` and split each device's memory between its engines.
+    """Place ``count`` engines round-robin over ``devices``; split each device's memory between its engines.
 
     Args:
         count: Engines to start.
@@ -187,8 +187,8 @@ def read_config(model: str) -> dict[str, Any] | None:
 def auto_engines(config: Mapping[str, Any] | None, *, on_cpu: bool, gpus: int) -> int:
     """The rule behind ``engines="auto"`` (docs/adapters/vllm.md says which figures back it).
 
-    1 on a CPU, or where the model's size is unknown; `AUTO_ENGINES_PER_GPU` on each visible GPU for a model of
-    at most `AUTO_MAX_PARAMETERS` parameters; otherwise one engine a GPU.
+    1 on a CPU, or where the model's size is unknown; `AUTO_ENGINES_PER_GPU` on each visible GPU for a model
+    of at most `AUTO_MAX_PARAMETERS` parameters; otherwise one engine a GPU.
     """
     if on_cpu or gpus < 1:
         return 1
@@ -228,8 +228,9 @@ async def create_engines(
 ) -> Any:
     """Build the engines one after another from the plan, then the pool over them (see `VLLMBackend.create`).
 
-    One after another: vLLM's start-up changes process-wide state (``os.environ``, torch's thread count) without
-    a lock, and each engine's devices and memory share are given through the environment its processes inherit.
+    One after another, not at once: vLLM's start-up changes process-wide state (``os.environ``, torch's thread
+    count) without a lock, and each engine gets its device and memory share through the environment its
+    processes inherit, so `start_engine` holds a lock for each start.
     """
     from ._vllm_checks import _on_cpu, engine_defaults
 

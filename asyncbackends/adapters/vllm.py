@@ -188,7 +188,10 @@ class VLLMBackend(BaseBackend):
         if count != 1:
             check_before_import(cls.name, model, engine_args)
             await asyncio.to_thread(import_vllm, globals())
-            return await create_engines(cls, model, count, routing, engine_args)
+            several: VLLMBackend | VLLMEnginesBackend = await create_engines(
+                cls, model, count, routing, engine_args
+            )
+            return several
         return await cls._build(model, engine_args, env=None)
 
     @classmethod
@@ -206,7 +209,7 @@ class VLLMBackend(BaseBackend):
         except (TypeError, ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         try:
-            engine = await start_engine(args, env)  # in a thread of its own: the shared loop serves on meanwhile
+            engine = await start_engine(args, env)  # in a thread of its own: the shared loop serves on
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:

@@ -70,7 +70,7 @@ def test_engines_with_parallel_engines_is_refused() -> None:
 
 @pytest.mark.parametrize("name", ["mock", "openai"])
 def test_engines_on_another_backend_is_an_unknown_option(name: str) -> None:
-    with pytest.raises(InvalidRequestError, match="unknown option.*'engines'"):
+    with pytest.raises(InvalidRequestError, match=r"unknown option.*'engines'"):
         ab.create_backend(name, model="m", engines=2)
 
 
