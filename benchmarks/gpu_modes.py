@@ -99,11 +99,16 @@ def _adapter(
     options = engine_options(args)
     if args.data_parallel_size > 1:
         options["data_parallel_size"] = args.data_parallel_size
+    # Mode "engines-N" (engines_per_gpu.py): the adapter with engines=N (an int, or "auto").
+    engines = args.mode.removeprefix("engines-") if args.mode.startswith("engines-") else "1"
+    if engines != "1":
+        options["engines"] = engines if engines == "auto" else int(engines)
     start = time.perf_counter()
     backend = ab.create_backend("vllm", model=args.model_dir, **options)
     result: dict[str, Any] = {
         "init_s": time.perf_counter() - start,
         "max_concurrency": backend.capabilities.max_concurrency,
+        "engines": len(getattr(backend, "engines", [backend])),
     }
     log(f"adapter engine ready in {result['init_s']:.1f}s (concurrency hint {result['max_concurrency']})")
     greedy = ab.SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -127,6 +132,8 @@ def _adapter(
             "logprobs": [s.logprob for s in scored],
             "tokens": sum(s.num_tokens for s in scored),
         }
+    if hasattr(backend, "replica_stats"):  # several engines: how the work was shared
+        result["engine_requests"] = {r.label: r.requests for r in backend.replica_stats()}
     backend.close()  # type: ignore[attr-defined]  # VLLMBackend is a BaseBackend
     return result
 
@@ -215,7 +222,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     log(f"{args.mode}: vllm {vllm.__version__}, {len(prompts)} prompts, {len(pairs)} pairs, {options}")
     if args.mode == "offline":
         result = _offline(args, prompts, pairs)
-    elif args.mode == "adapter":
+    elif args.mode == "adapter" or args.mode.startswith("engines-"):
         result = _adapter(args, prompts, pairs)
     else:
         result = _plain(args, prompts)

@@ -30,6 +30,7 @@ examples:
   asyncbackends run examples/demo.jsonl --backend mock
   asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option dtype=float32 \\
       --output out.jsonl --cache run.sqlite
+  asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option engines=auto
   asyncbackends run in.jsonl --backend openai --option base_url=http://localhost:8000/v1 \\
       --option model=my-model --timeout 60 | head
 

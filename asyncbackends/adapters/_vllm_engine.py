@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and torch, as in vllm.py
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -50,8 +50,11 @@ _TASK_STOP_TIMEOUT = 5.0
 _STARTING = threading.Lock()
 
 
-async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
+async def start_engine(args: AsyncEngineArgs, env: Mapping[str, str | None] | None = None) -> AsyncLLM:
     """Build the engine in a thread of its own with the offline ``LLM`` class's scheduler defaults.
+
+    ``env`` overrides environment variables (``None`` removes one) while the engine starts, under the start
+    lock: its processes inherit them (one of several engines gets its GPU and memory share this way).
 
     The thread is a daemon, so a process that gives up on a start (Ctrl-C, a cancelled caller) can exit
     without waiting for it. Cancelling the caller cannot stop the build itself: the engine is shut down as
@@ -67,7 +70,7 @@ async def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
         engine: AsyncLLM | None = None
         error: BaseException | None = None
         try:
-            with _STARTING, _worker_stop_timeout():
+            with _STARTING, _worker_stop_timeout(), _environment(env or {}):
                 engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             error = exc
@@ -96,6 +99,25 @@ def _worker_stop_timeout() -> Iterator[None]:
         yield
     finally:
         os.environ.pop(_WORKER_STOP_ENV, None)
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
+    """Apply ``env`` to ``os.environ`` for the duration (``None`` removes a variable); then restore it."""
+    saved = {name: os.environ.get(name) for name in env}
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: BaseException | None) -> None:

@@ -49,6 +49,7 @@ from ._checkpoint import checkpoint_fields
 from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._vllm_checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
+from ._vllm_engines import VLLMEnginesBackend, check_engines, create_engines
 
 if TYPE_CHECKING:
     # Bound at run time by `import_vllm` on the first `create`: importing vLLM takes 10 s or more, and what
@@ -154,11 +155,13 @@ class VLLMBackend(BaseBackend):
         cls,
         model: str,
         *,
+        engines: int | str = 1,
+        routing: str | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
         **engine_args: Any,
-    ) -> VLLMBackend:
-        """Build an ``AsyncLLM`` for the shared loop and wrap it.
+    ) -> VLLMBackend | VLLMEnginesBackend:
+        """Build an ``AsyncLLM`` for the shared loop and wrap it (several, with ``engines``).
 
         The engine starts in a thread of its own, so other backends' requests on the shared loop go on while
         it loads; cancelling the call shuts the engine down as soon as it has started.
@@ -173,6 +176,10 @@ class VLLMBackend(BaseBackend):
                 ``disable_log_stats`` defaults to true, as with ``LLM``; on a CPU the KV cache gets 1 GiB
                 unless ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE``
                 say otherwise.
+            engines: ``N`` engines of the model behind one backend (`VLLMEnginesBackend`: replicas
+                ``engine-0``...), the memory settings being their total; ``"auto"`` picks the count
+                (see docs/adapters/vllm.md); 1 (the default) builds this plain backend.
+            routing: With several engines, the pool's routing: ``"least_loaded"`` (default) or ``"affinity"``.
 
         Raises:
             BackendNotFoundError: vLLM is not installed (with the pip command).
@@ -181,6 +188,28 @@ class VLLMBackend(BaseBackend):
                 engine refuses.
             BackendBrokenError: The engine failed to start.
         """
+        chat: dict[str, Any] = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
+        count = check_engines(engines, routing, engine_args)
+        if count != 1:
+            check_before_import(cls.name, model, engine_args)
+            await asyncio.to_thread(import_vllm, globals())
+            several: VLLMBackend | VLLMEnginesBackend = await create_engines(
+                cls, model, count, routing, engine_args, chat
+            )
+            return several
+        return await cls._build(model, engine_args, env=None, **chat)
+
+    @classmethod
+    async def _build(
+        cls,
+        model: str,
+        engine_args: dict[str, Any],
+        *,
+        env: Mapping[str, str | None] | None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+    ) -> VLLMBackend:
+        """One engine; ``env`` overrides the environment its processes start with."""
         check_before_import(cls.name, model, engine_args)  # fast: names and paths, before vLLM loads
         await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
@@ -192,7 +221,7 @@ class VLLMBackend(BaseBackend):
         except (TypeError, ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         try:
-            engine = await start_engine(args)  # in a thread of its own: the shared loop serves on meanwhile
+            engine = await start_engine(args, env)  # in a thread of its own: the shared loop serves on
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:

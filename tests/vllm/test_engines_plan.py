@@ -1,0 +1,230 @@
+"""The plan behind ``create_backend("vllm", engines=N)``: options, devices, memory split, the auto rule.
+
+No engine starts here: `create_engines` is run with a stand-in for one engine's build, so what each engine
+would be started with (its options and environment) is read directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+from asyncbackends.adapters import _vllm_checks, _vllm_engines
+from asyncbackends.adapters._vllm_engines import (
+    auto_engines,
+    check_engines,
+    estimate_parameters,
+    plan_engines,
+    visible_devices,
+)
+from asyncbackends.errors import InvalidRequestError
+
+GIB = 1 << 30
+
+# Llama-3.2-1B's shape with the benchmark's 32000-token vocabulary, and Llama-3.1-8B's (issue 29's models).
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 32000,
+    "tie_word_embeddings": True,
+}
+LLAMA_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.parametrize("engines", [0, -1, "many", 1.5, True, None, "2"])
+def test_a_bad_engine_count_is_refused_before_vllm_loads(engines: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="engines must be an int >= 1 or 'auto'"):
+        ab.create_backend("vllm", model="/nonexistent/model", engines=engines)
+
+
+def test_routing_needs_several_engines_and_a_known_name() -> None:
+    with pytest.raises(InvalidRequestError, match="routing= needs engines > 1"):
+        ab.create_backend("vllm", model="/nonexistent/model", routing="affinity")
+    with pytest.raises(InvalidRequestError, match="routing must be one of"):
+        ab.create_backend("vllm", model="/nonexistent/model", engines=2, routing="round_robin")
+    assert check_engines("auto", "affinity", {}) == "auto"
+
+
+def test_engines_with_parallel_engines_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="tensor_parallel_size"):
+        check_engines(2, None, {"tensor_parallel_size": 2})
+    assert check_engines(1, None, {"tensor_parallel_size": 2}) == 1
+
+
+@pytest.mark.parametrize("name", ["mock", "openai"])
+def test_engines_on_another_backend_is_an_unknown_option(name: str) -> None:
+    with pytest.raises(InvalidRequestError, match=r"unknown option.*'engines'"):
+        ab.create_backend(name, model="m", engines=2)
+
+
+def test_gpu_memory_utilization_is_the_total_of_one_gpus_engines() -> None:
+    plans = plan_engines(4, {"gpu_memory_utilization": 0.8}, environ={}, on_cpu=False, devices=["0"])
+    assert [p.label for p in plans] == ["engine-0", "engine-1", "engine-2", "engine-3"]
+    assert [p.options["gpu_memory_utilization"] for p in plans] == [pytest.approx(0.2)] * 4
+    assert all(p.env == {} and p.device is None for p in plans)  # one GPU: its environment untouched
+
+
+def test_vllms_default_utilization_is_split_when_none_is_given() -> None:
+    plans = plan_engines(2, {}, environ={}, on_cpu=False, devices=["0"])
+    assert [p.options["gpu_memory_utilization"] for p in plans] == [pytest.approx(0.46)] * 2
+    assert "kv_cache_memory_bytes" not in plans[0].options
+
+
+def test_kv_cache_bytes_are_split_and_no_utilization_is_invented() -> None:
+    plans = plan_engines(3, {"kv_cache_memory_bytes": 3 * GIB}, environ={}, on_cpu=False, devices=["0"])
+    assert [p.options["kv_cache_memory_bytes"] for p in plans] == [GIB] * 3
+    assert all("gpu_memory_utilization" not in p.options for p in plans)
+
+
+def test_engines_go_round_robin_over_the_visible_gpus_each_splitting_its_own_memory() -> None:
+    devices = visible_devices({"CUDA_VISIBLE_DEVICES": "2, 5,7"}, device_count=8)
+    assert devices == ["2", "5", "7"]
+    plans = plan_engines(5, {"gpu_memory_utilization": 0.9}, environ={}, on_cpu=False, devices=devices)
+    assert [p.device for p in plans] == ["2", "5", "7", "2", "5"]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["2", "5", "7", "2", "5"]
+    # Devices 2 and 5 hold two engines each, device 7 one.
+    got = [p.options["gpu_memory_utilization"] for p in plans]
+    assert got == [pytest.approx(x) for x in (0.45, 0.45, 0.9, 0.45, 0.45)]
+    assert visible_devices({}, device_count=2) == ["0", "1"]
+
+
+def test_the_cpu_kv_cache_space_is_the_total_and_hidden_from_each_engines_start() -> None:
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+    plans = plan_engines(4, {"gpu_memory_utilization": 0.1}, environ=environ, on_cpu=True, devices=["0", "1"])
+    assert [p.options["kv_cache_memory_bytes"] for p in plans] == [GIB // 2] * 4
+    assert [p.options["gpu_memory_utilization"] for p in plans] == [pytest.approx(0.025)] * 4
+    assert all(p.env == {"VLLM_CPU_KVCACHE_SPACE": None} and p.device is None for p in plans)
+
+
+def test_parameter_estimates_match_the_published_sizes() -> None:
+    # Llama-3.2-1B has 1.24e9 parameters with its 128256-token vocabulary; Llama-3.1-8B 8.03e9.
+    assert estimate_parameters({**LLAMA_1B, "vocab_size": 128256}) == pytest.approx(1.236e9, rel=0.01)
+    assert estimate_parameters(LLAMA_8B) == pytest.approx(8.03e9, rel=0.01)
+    assert estimate_parameters({"text_config": LLAMA_8B}) == estimate_parameters(LLAMA_8B)
+    assert estimate_parameters({"hidden_size": 8}) is None
+
+
+def test_the_auto_rule() -> None:
+    assert auto_engines(LLAMA_1B, on_cpu=False, gpus=1) == 4
+    assert auto_engines(LLAMA_1B, on_cpu=False, gpus=2) == 8
+    assert auto_engines(LLAMA_8B, on_cpu=False, gpus=1) == 1  # 2 engines measured 0.90x
+    assert auto_engines(LLAMA_8B, on_cpu=False, gpus=4) == 4
+    assert auto_engines(LLAMA_1B, on_cpu=True, gpus=0) == 1
+    assert auto_engines(None, on_cpu=False, gpus=1) == 1  # size unknown: never risk being slower
+
+
+class _Built:
+    """Stands for one started engine: records what it was built with."""
+
+    def __init__(self, options: dict[str, Any], env: Any) -> None:
+        self.options, self.env, self.closed = options, env, False
+        self.model = "tiny"
+        self.capabilities = ab.Capabilities(max_concurrency=8)
+        self.fingerprint = {"name": "vllm", "model": "tiny"}
+
+    async def generate(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def loglikelihood(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def check_ready(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _Adapter:
+    """Stands for `VLLMBackend` in `create_engines`: its `_build` starts nothing."""
+
+    built: list[_Built]
+
+    @classmethod
+    async def _build(cls, model: str, options: dict[str, Any], *, env: Any) -> _Built:
+        cls.built.append(_Built(options, env))
+        return cls.built[-1]
+
+
+def _create(monkeypatch: pytest.MonkeyPatch, engines: int | str, routing: str | None, **args: Any) -> Any:
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
+    monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    _Adapter.built = []
+    created = _vllm_engines.create_engines(_Adapter, "/models/x", engines, routing, dict(args))
+    return asyncio.run(created)
+
+
+def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = _create(monkeypatch, 4, "affinity", gpu_memory_utilization=0.8)
+    try:
+        assert isinstance(backend, _vllm_engines.VLLMEnginesBackend)
+        assert backend.name == "vllm" and backend.routing == "affinity"
+        assert [s.label for s in backend.replica_stats()] == ["engine-0", "engine-1", "engine-2", "engine-3"]
+        assert backend.engines == _Adapter.built
+        assert [b.env["CUDA_VISIBLE_DEVICES"] for b in _Adapter.built] == ["3", "4", "3", "4"]
+        assert [b.options["gpu_memory_utilization"] for b in _Adapter.built] == [pytest.approx(0.4)] * 4
+        assert all(b.options["disable_log_stats"] for b in _Adapter.built)  # the adapter's defaults kept
+        assert backend.fingerprint == {"name": "vllm", "model": "tiny"}  # one engine's: one cache for any N
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,4"
+    finally:
+        backend.close()
+    assert all(b.closed for b in _Adapter.built)
+
+
+def test_auto_on_a_model_of_unknown_size_builds_the_plain_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _create(monkeypatch, "auto", "affinity", gpu_memory_utilization=0.8)
+    assert built is _Adapter.built[0] and len(_Adapter.built) == 1
+    assert built.options == {"gpu_memory_utilization": 0.8} and built.env is None  # untouched
+
+
+def test_auto_on_a_small_model_builds_four_engines_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_1B))
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
+    monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _Adapter.built = []
+    backend = asyncio.run(_vllm_engines.create_engines(_Adapter, str(tmp_path), "auto", None, {}))
+    try:
+        assert len(backend.engines) == 4
+        assert [b.options["gpu_memory_utilization"] for b in _Adapter.built] == [pytest.approx(0.23)] * 4
+    finally:
+        backend.close()
+
+
+def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    class _Failing(_Adapter):
+        @classmethod
+        async def _build(cls, model: str, options: dict[str, Any], *, env: Any) -> _Built:
+            if len(cls.built) == 2:
+                raise ab.BackendBrokenError("no memory left", backend="vllm")
+            return await super()._build(model, options, env=env)
+
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
+    _Failing.built = []
+    with pytest.raises(ab.BackendBrokenError, match="no memory left"):
+        asyncio.run(_vllm_engines.create_engines(_Failing, "/models/x", 3, None, {}))
+    assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
