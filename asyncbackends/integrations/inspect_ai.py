@@ -1,9 +1,9 @@
 """asyncbackends as an inspect_ai model provider: ``--model asyncbackends/<backend>[/<model>]``.
 
-inspect finds this module through the ``inspect_ai`` entry-point group (``pip install
-'asyncbackends[inspect]'``); it registers the ``asyncbackends`` model API::
+inspect finds this module through the ``inspect_ai`` entry-point group (the extra ``inspect``, installed
+from the checkout); it registers the ``asyncbackends`` model API::
 
-    inspect eval task.py --model asyncbackends/vllm -M model=/path/to/model -M enforce_eager=true
+    inspect eval task.py --model asyncbackends/vllm//path/to/model -M enforce_eager=true
     inspect_ai.eval(task, model="asyncbackends/mock")
     inspect_ai.eval(task, model="asyncbackends/vllm/" + path)   # the rest of the name is the `model` option
 
@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asyncbackends._install import pip_install
+
 try:
     from inspect_ai.model import (
         ChatMessage,
@@ -42,7 +44,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise ModuleNotFoundError(
         f"asyncbackends.integrations.inspect_ai needs inspect_ai ({exc.name!r} is missing): "
-        "pip install 'asyncbackends[inspect]'",
+        + pip_install("inspect"),
         name=exc.name,
     ) from exc
 
