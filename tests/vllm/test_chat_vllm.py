@@ -230,6 +230,22 @@ def test_auto_output_the_parser_cannot_read_comes_back_as_text(vlm_backend: Any)
     assert completion.tool_calls == () and completion.text.startswith('<tool_call>{"name": oops')
 
 
+def test_auto_tool_choice_decodes_special_tokens_as_vllms_server(vlm_backend: Any) -> None:
+    # Hermes models mark <tool_call> special: vLLM's server keeps special tokens in the text the parser reads
+    # (the parser's adjust_request), and only for "auto" with tools.
+    from vllm import SamplingParams
+
+    from asyncbackends.adapters._vllm_chat import ChatPath
+
+    path = ChatPath(engine=vlm_backend.engine, backend="vllm", tool_parser="hermes")
+    messages = CASES["tools_none"][0]
+    auto = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="auto")
+    none = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="none")
+    assert SamplingParams().skip_special_tokens
+    assert path.sampling(auto, SamplingParams()).skip_special_tokens is False
+    assert path.sampling(none, SamplingParams()).skip_special_tokens is True
+
+
 def test_remote_image_refused_without_the_option(vlm_backend: Any) -> None:
     part = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}
     request = ab.GenerationRequest([{"role": "user", "content": [part]}])
