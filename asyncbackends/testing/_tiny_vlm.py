@@ -21,10 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ._model_dir import build_atomically
 
 __all__ = ["IMAGE_TOKEN", "TINY_VLM_CHAT_TEMPLATE", "TINY_VLM_IMAGE_SIZE", "build_tiny_vlm"]
 
@@ -103,21 +103,7 @@ def build_tiny_vlm(path: str | os.PathLike[str] | None = None) -> Path:
     target = Path(path) if path is not None else default_cache_dir() / f"tiny-idefics3-{_version_hash()}"
     if (target / "config.json").is_file() and (target / "processor_config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside the target and renamed, as build_tiny_model does: a racing builder never sees half of it.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)
-    try:
-        _write_vlm(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_atomically(target, _write_vlm)
 
 
 def _write_vlm(directory: Path) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ._model_dir import build_atomically
 
 __all__ = ["CHAT_TEMPLATE", "TINY_MODEL_CONFIG", "build_tiny_model", "default_cache_dir"]
 
@@ -98,22 +98,7 @@ def build_tiny_model(path: str | os.PathLike[str] | None = None) -> Path:
     target = Path(path) if path is not None else default_cache_dir() / f"tiny-llama-{_version_hash()}"
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent builders (pytest-xdist, two terminals) never see a
-    # half-written directory, and the loser of the race simply discards its copy.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the cached model is meant to be shared
-    try:
-        _write_model(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_atomically(target, _write_model)
 
 
 def _write_model(directory: Path) -> None:
