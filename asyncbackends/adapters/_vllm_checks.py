@@ -149,7 +149,14 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         from ._vllm_chat import ChatPath, check_tool_parser
         from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._vllm_engine import start_engine, stop_engine
-        from ._vllm_requests import completions, engine_input, prompt_ids, scoring_params, vllm_sampling
+        from ._vllm_requests import (
+            capabilities,
+            completions,
+            engine_input,
+            prompt_ids,
+            scoring_params,
+            vllm_sampling,
+        )
     namespace.update(
         vllm=vllm,
         VLLMSamplingParams=SamplingParams,
@@ -164,6 +171,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         VLLMError=VLLMError,
         start_engine=start_engine,
         stop_engine=stop_engine,
+        capabilities=capabilities,
         completions=completions,
         engine_input=engine_input,
         translate_prompt=prompt_ids,

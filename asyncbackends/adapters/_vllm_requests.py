@@ -1,8 +1,9 @@
 """How the ``vllm`` adapter translates requests and results to and from vLLM's own types.
 
 Our requests become prompt token ids (encoded here, not by vLLM) and a vLLM ``SamplingParams`` asking for
-``FINAL_ONLY`` output; vLLM's ``RequestOutput`` becomes our completions. Imported by `import_vllm` once vLLM
-is, like `_vllm_engine`: the adapter's own module imports no vLLM.
+``FINAL_ONLY`` output; vLLM's ``RequestOutput`` becomes our completions; the adapter's `capabilities` claim
+what is translated here. Imported by `import_vllm` once vLLM is, like `_vllm_engine`: the adapter's own module
+imports no vLLM.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 import warnings
 from typing import Any
 
-from .._types import Completion, GenerationRequest, SamplingParams
+from .._types import Capabilities, Completion, GenerationRequest, SamplingParams
 from ..errors import InvalidRequestError, RequestRejectedError
 from ._scoring import logprob_of
 from ._vllm_compat import VLLMError
@@ -24,7 +25,37 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["completions", "engine_input", "prompt_ids", "scoring_params", "vllm_sampling"]
+__all__ = ["capabilities", "completions", "engine_input", "prompt_ids", "scoring_params", "vllm_sampling"]
+
+
+def capabilities(*, images: bool, max_concurrency: int) -> Capabilities:
+    """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
+
+    Args:
+        images: Whether vLLM loads the model as multimodal.
+        max_concurrency: The concurrency hint for `gather`.
+    """
+    return Capabilities(
+        loglikelihood=True,
+        rolling_loglikelihood=True,
+        is_greedy=True,
+        n_samples=True,
+        seed=True,
+        chat=True,
+        images=images,
+        tools=True,
+        token_ids=True,
+        logprobs=True,
+        stop=True,
+        max_concurrency=max_concurrency,
+        repetition_penalty=True,
+        presence_penalty=True,
+        frequency_penalty=True,
+        min_p=True,
+        min_tokens=True,
+        json_schema=True,
+        regex=True,
+    )
 
 
 def vllm_sampling(params: SamplingParams) -> VLLMSamplingParams:

@@ -29,7 +29,6 @@ from .._protocol import BaseBackend
 from .._registry import check_options
 from .._tasks import all_or_nothing
 from .._types import (
-    Capabilities,
     Completion,
     GenerationRequest,
     GenerationResult,
@@ -65,7 +64,7 @@ if TYPE_CHECKING:
     from ._vllm_chat import ChatPath, check_tool_parser
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
-    from ._vllm_requests import completions, engine_input, scoring_params, vllm_sampling
+    from ._vllm_requests import capabilities, completions, engine_input, scoring_params, vllm_sampling
     from ._vllm_requests import prompt_ids as translate_prompt
 
 __all__ = ["VLLMBackend"]
@@ -128,27 +127,7 @@ class VLLMBackend(BaseBackend):
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
-        self.capabilities = Capabilities(
-            loglikelihood=True,
-            rolling_loglikelihood=True,
-            is_greedy=True,
-            n_samples=True,
-            seed=True,
-            chat=True,
-            images=multimodal,
-            tools=True,
-            token_ids=True,
-            logprobs=True,
-            stop=True,
-            max_concurrency=hint,
-            repetition_penalty=True,
-            presence_penalty=True,
-            frequency_penalty=True,
-            min_p=True,
-            min_tokens=True,
-            json_schema=True,
-            regex=True,
-        )
+        self.capabilities = capabilities(images=multimodal, max_concurrency=hint)
 
     @classmethod
     async def create(
@@ -227,13 +206,12 @@ class VLLMBackend(BaseBackend):
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
         try:
-            remote = allow_remote_images
             return cls(
                 engine,
                 model=model,
                 engine_args=engine_args,
                 tool_parser=tool_parser,
-                allow_remote_images=remote,
+                allow_remote_images=allow_remote_images,
             )
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them

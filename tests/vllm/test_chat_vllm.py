@@ -49,6 +49,9 @@ REQUIRED_SCHEMA = {
     },
 }
 HERMES_CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+# Room for the whole call: under the regex the engine spells it mostly one character a token (69 characters;
+# `<tool_call>` itself came as ten tokens, not as the added token), so 40 tokens cut it inside the arguments.
+HERMES_MAX_TOKENS = 96
 # The call as a regex matching only itself: braces are repetition counts (re.escape would also escape spaces).
 HERMES_REGEX = re.sub(r"([{}\[\]().*+?^$|\\])", r"\\\1", HERMES_CALL)
 
@@ -124,7 +127,7 @@ def _reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
         {
             "messages": CASES["tools_none"][0],
             "tools": [ADD.to_openai()],
-            "max_tokens": 40,
+            "max_tokens": HERMES_MAX_TOKENS,
             "regex": HERMES_REGEX,
         }
     )
@@ -208,10 +211,11 @@ def test_required_tool_choice_is_a_list_of_calls(vlm_backend: Any) -> None:
 
 def test_auto_output_is_read_by_the_named_tool_parser(vlm_backend: Any, reference: dict[str, Any]) -> None:
     # The regex makes the model write a Hermes tool call, which the hermes parser must read back.
-    params = ab.SamplingParams(max_tokens=40, temperature=0.0, regex=HERMES_REGEX)
+    params = ab.SamplingParams(max_tokens=HERMES_MAX_TOKENS, temperature=0.0, regex=HERMES_REGEX)
     request = ab.GenerationRequest(CASES["tools_none"][0], params, tools=(ADD,), tool_choice="auto")
     (result,) = ab.run_batch(vlm_backend, [request])
     completion = result.completions[0]
+    assert reference["hermes"]["text"] == HERMES_CALL  # offline wrote the whole call: not cut by max_tokens
     assert list(completion.token_ids) == reference["hermes"]["tokens"]
     (call,) = completion.tool_calls
     assert (call.name, json.loads(call.arguments)) == ("add", {"a": 1, "b": 2})
@@ -224,6 +228,22 @@ def test_auto_output_the_parser_cannot_read_comes_back_as_text(vlm_backend: Any)
     (result,) = ab.run_batch(vlm_backend, [request])
     completion = result.completions[0]
     assert completion.tool_calls == () and completion.text.startswith('<tool_call>{"name": oops')
+
+
+def test_auto_tool_choice_decodes_special_tokens_as_vllms_server(vlm_backend: Any) -> None:
+    # Hermes models mark <tool_call> special: vLLM's server keeps special tokens in the text the parser reads
+    # (the parser's adjust_request), and only for "auto" with tools.
+    from vllm import SamplingParams
+
+    from asyncbackends.adapters._vllm_chat import ChatPath
+
+    path = ChatPath(engine=vlm_backend.engine, backend="vllm", tool_parser="hermes")
+    messages = CASES["tools_none"][0]
+    auto = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="auto")
+    none = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="none")
+    assert SamplingParams().skip_special_tokens
+    assert path.sampling(auto, SamplingParams()).skip_special_tokens is False
+    assert path.sampling(none, SamplingParams()).skip_special_tokens is True
 
 
 def test_remote_image_refused_without_the_option(vlm_backend: Any) -> None:
