@@ -150,8 +150,8 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._vllm_engine import start_engine, stop_engine
         from ._vllm_requests import (
-            capabilities,
             completions,
+            engine_capabilities,
             engine_input,
             prompt_ids,
             scoring_params,
@@ -171,7 +171,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         VLLMError=VLLMError,
         start_engine=start_engine,
         stop_engine=stop_engine,
-        capabilities=capabilities,
+        engine_capabilities=engine_capabilities,
         completions=completions,
         engine_input=engine_input,
         translate_prompt=prompt_ids,

@@ -229,7 +229,7 @@ async def create_engines(
     engines: int | str,
     routing: str | None,
     engine_args: dict[str, Any],
-    chat: Mapping[str, Any],
+    chat: Mapping[str, Any] | None = None,
 ) -> Any:
     """Build the engines one after another from the plan, then the pool over them (see `VLLMBackend.create`).
 
@@ -244,7 +244,7 @@ async def create_engines(
     if engines == "auto":
         count = auto_engines(read_config(model), on_cpu=cpu, gpus=len(devices))
         if count == 1:
-            return await cls._build(model, engine_args, env=None, **chat)
+            return await cls._build(model, engine_args, env=None, **(chat or {}))
     else:
         count = int(engines)
     options = {**engine_defaults(engine_args), **engine_args}
@@ -252,7 +252,7 @@ async def create_engines(
     built: list[Any] = []
     try:
         for plan in plans:
-            built.append(await cls._build(model, plan.options, env=plan.env, **chat))
+            built.append(await cls._build(model, plan.options, env=plan.env, **(chat or {})))
         backend = VLLMEnginesBackend(
             built, routing=routing or "least_loaded", labels=[plan.label for plan in plans]
         )

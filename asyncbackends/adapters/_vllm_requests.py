@@ -25,10 +25,17 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["capabilities", "completions", "engine_input", "prompt_ids", "scoring_params", "vllm_sampling"]
+__all__ = [
+    "completions",
+    "engine_capabilities",
+    "engine_input",
+    "prompt_ids",
+    "scoring_params",
+    "vllm_sampling",
+]
 
 
-def capabilities(*, images: bool, max_concurrency: int) -> Capabilities:
+def engine_capabilities(*, images: bool, max_concurrency: int) -> Capabilities:
     """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
 
     Args:

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from ._vllm_chat import ChatPath, check_tool_parser
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
-    from ._vllm_requests import capabilities, completions, engine_input, scoring_params, vllm_sampling
+    from ._vllm_requests import completions, engine_capabilities, engine_input, scoring_params, vllm_sampling
     from ._vllm_requests import prompt_ids as translate_prompt
 
 __all__ = ["VLLMBackend"]
@@ -127,7 +127,7 @@ class VLLMBackend(BaseBackend):
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
-        self.capabilities = capabilities(images=multimodal, max_concurrency=hint)
+        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint)
 
     @classmethod
     async def create(
