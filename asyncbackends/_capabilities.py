@@ -8,9 +8,9 @@ tools in a chat request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ._sampling_params import OPTIONAL_SAMPLING_PARAMS, SamplingParams
 from .errors import RequestRejectedError
@@ -99,16 +99,15 @@ def refuse_unsupported(
         reasons: Why a parameter is not honoured, by name, added to the message where given.
     """
     refused = capabilities.unsupported(params)
-    if not refused:
-        return
-    why = "; ".join(f"{name}: {(reasons or {})[name]}" for name in refused if name in (reasons or {}))
-    raise RequestRejectedError(
-        f"{backend} cannot honour {', '.join(refused)} (its capabilities say so)"
-        + (f": {why}" if why else "")
-        + "; leave them None, or use a backend that honours them",
-        backend=backend,
-        request_id=request_id,
-    )
+    if refused:
+        _refuse(
+            f"{backend} cannot honour {', '.join(refused)}",
+            refused,
+            reasons,
+            "leave them None, or use a backend that honours them",
+            backend=backend,
+            request_id=request_id,
+        )
 
 
 def refuse_unclaimed_chat(
@@ -134,13 +133,30 @@ def refuse_unclaimed_chat(
         refused.append("images")
     if not capabilities.tools and request.uses_tools:
         refused.append("tools")
-    if not refused:
-        return
+    if refused:
+        _refuse(
+            f"{backend} does not accept {' or '.join(refused)}",
+            refused,
+            reasons,
+            "send a text-only request, or use a backend that accepts them",
+            backend=backend,
+            request_id=request.request_id,
+        )
+
+
+def _refuse(
+    head: str,
+    refused: Sequence[str],
+    reasons: Mapping[str, str] | None,
+    hint: str,
+    *,
+    backend: str,
+    request_id: str | None,
+) -> NoReturn:
+    """Raise the one refusal message both checks give: what, why (where a reason is known), what to do."""
     why = "; ".join(f"{name}: {(reasons or {})[name]}" for name in refused if name in (reasons or {}))
     raise RequestRejectedError(
-        f"{backend} does not accept {' or '.join(refused)} (its capabilities say so)"
-        + (f": {why}" if why else "")
-        + "; send a text-only request, or use a backend that accepts them",
+        f"{head} (its capabilities say so)" + (f": {why}" if why else "") + f"; {hint}",
         backend=backend,
-        request_id=request.request_id,
+        request_id=request_id,
     )
