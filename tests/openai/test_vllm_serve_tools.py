@@ -8,6 +8,7 @@ request is built as OpenAI defines it (tests/openai/test_wire_chat.py checks tha
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import jsonschema
@@ -17,7 +18,7 @@ import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
 
 from .cases import CITY, TOOLS
-from .conftest import Served
+from .conftest import API_KEY, Served
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]  # may start the server
 
@@ -79,3 +80,29 @@ def test_the_second_turn_is_accepted_and_answered_as_in_process(
     completion, expected = _answer(served, backend, "second_turn")
     assert completion.text == expected["text"] and completion.tool_calls == ()
     assert completion.finish_reason == expected["finish_reason"]
+
+
+@pytest.mark.parametrize("case", ["named", "auto_forced", "second_turn"])
+def test_the_exchange_is_openais_wire_format(served: Served, backend: OpenAIBackend, case: str) -> None:
+    # The adapter's own body, valid for the OpenAI SDK's request type; the server's answer, valid for its
+    # response type, read by the adapter as the SDK reads it.
+    from openai.types.chat import ChatCompletion
+    from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+    from pydantic import TypeAdapter
+
+    from asyncbackends.adapters._openai_wire import completion_payload, parse_completions
+
+    payload = completion_payload(served.model, TOOLS[case], vllm=True)
+    TypeAdapter(CompletionCreateParamsNonStreaming).validate_python(payload)
+    request = urllib.request.Request(
+        served.base_url + "/chat/completions",
+        json.dumps(payload).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        raw = json.load(resp)
+    message = ChatCompletion.model_validate(raw).choices[0].message
+    sdk_calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+    (completion,), _, _ = parse_completions(raw, chat=True, logprobs=False)
+    assert _calls(completion) == sdk_calls and completion.text == (message.content or "")
+    assert bool(sdk_calls) == (case != "second_turn")
