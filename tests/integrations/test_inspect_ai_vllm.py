@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +37,37 @@ MAX_TOKENS = 12
 ENGINE = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.1, "max_model_len": 512}
 
 
-def _offline_chat(model: Path, work: Path) -> list[dict[str, Any]]:
+@pytest.fixture(scope="session")
+def offline_chat(
+    tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """vLLM's offline ``LLM.chat`` in a subprocess, started before the session's engine so both start-ups
+    overlap (session scope, listed first by the test); calling the fixture's value waits for its rows."""
+    work = tmp_path_factory.mktemp("inspect_offline_chat")
     conversations = [
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS
     ]
     (work / "in.json").write_text(json.dumps(conversations))
     script = Path(__file__).with_name("_inspect_chat_reference.py")
-    args = [str(model), json.dumps(ENGINE), str(work / "in.json"), str(MAX_TOKENS), str(work / "out.json")]
-    with (work / "log.txt").open("wb") as log:
-        proc = start_group([sys.executable, str(script), *args], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            assert proc.wait(timeout=400) == 0, (work / "log.txt").read_text()[-3000:]
-        finally:
-            stop_group(proc)
-    return json.loads((work / "out.json").read_text())  # type: ignore[no-any-return]
+    args = [str(tiny_model_path), json.dumps(ENGINE), str(work / "in.json"), str(MAX_TOKENS)]
+    log = (work / "log.txt").open("wb")
+    proc = start_group(
+        [sys.executable, str(script), *args, str(work / "out.json")], stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def rows() -> list[dict[str, Any]]:
+        assert proc.wait(timeout=400) == 0, (work / "log.txt").read_text()[-3000:]
+        return json.loads((work / "out.json").read_text())  # type: ignore[no-any-return]
+
+    yield rows
+    stop_group(proc)
+    log.close()
 
 
 def test_inspect_eval_on_vllm_equals_offline_llm_chat(
-    vllm_backend: Any, tiny_model_path: Path, tmp_path: Path
+    offline_chat: Callable[[], list[dict[str, Any]]], vllm_backend: Any, tmp_path: Path
 ) -> None:
-    expected = _offline_chat(tiny_model_path, tmp_path)
+    expected = offline_chat()
     task = Task(
         dataset=[Sample(input=q, target="x") for q in QUESTIONS],
         solver=[system_message(SYSTEM), generate()],

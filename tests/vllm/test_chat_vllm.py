@@ -6,6 +6,7 @@ weights and messages in a subprocess started beside it (two engines never share 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -151,7 +152,8 @@ def reference(_reference: tuple[Any, Path]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def vlm_backend(vlm: str, _reference: Any) -> Iterator[Any]:
+def vlm_backend(vlm: str, _reference: Any, _lm_eval_started: Any) -> Iterator[Any]:
+    # Both reference processes first, so their engine start-ups overlap this one.
     backend = build_backend(vlm, tool_parser="hermes")
     yield backend
     backend.close()
@@ -307,8 +309,13 @@ def _lm_eval_images(tmp: Path) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def lm_eval_reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Any]]:
-    pytest.importorskip("lm_eval")
+def _lm_eval_started(
+    vlm: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Path, Any] | None]:
+    """lm-eval's own ``vllm-vlm`` on the samples, in a subprocess; None where lm-eval is not installed."""
+    if importlib.util.find_spec("lm_eval") is None:
+        yield None
+        return
     work = tmp_path_factory.mktemp("lm_eval_vlm")
     images = _lm_eval_images(work)
     samples = [
@@ -325,6 +332,13 @@ def lm_eval_reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield proc, out, images
     stop_group(proc)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def lm_eval_reference(_lm_eval_started: tuple[Any, Path, Any] | None) -> tuple[Any, Path, Any]:
+    if _lm_eval_started is None:
+        pytest.skip("lm-eval is not installed")
+    return _lm_eval_started
 
 
 def _instances(lm: Any, images: list[list[str]]) -> list[Any]:
