@@ -212,10 +212,17 @@ class Run:
             self.limiter.release(ticket, asyncio.CancelledError())
 
     async def work_on(self, slot: AttemptClock, indices: Iterator[int]) -> None:
-        requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
+        requests, sink, metrics, observer, bar = (
+            self.requests,
+            self.sink,
+            self.metrics,
+            self.observer,
+            self.bar,
+        )
+        timed = metrics is not None or observer is not None
         for index in indices:
             request = requests[index]
-            start = time.perf_counter() if metrics is not None or observer is not None else 0.0
+            start = time.perf_counter() if timed else 0.0
             if observer is None:
                 outcome = await self.one(request, slot, None)
             else:
@@ -238,10 +245,10 @@ class Run:
                 metrics._record_latency(end - start, start - (metrics.started or start))
                 if metrics.on_update is not None:
                     metrics.on_update(metrics)
-            if self.bar is not None:
-                self.bar.update(1)
+            if bar is not None:
+                bar.update(1)
                 if isinstance(outcome, AsyncBackendsError):
-                    self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
+                    bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
     async def watched(
         self, observer: RunObserver, index: int, request: Request, slot: AttemptClock, slot_wait: float
