@@ -189,15 +189,20 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         ok = globals()[f"run_{args.child}"](args.url, args.requests, args.concurrency)
-        seconds = time.perf_counter() - start
-        print(json.dumps({"name": args.child, "requests": args.requests, "ok": ok, "seconds": seconds}))
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        print(
+            json.dumps(
+                {"name": args.child, "requests": args.requests, "ok": ok, "seconds": seconds, "cpu": cpu}
+            )
+        )
         return
 
     server, url = start_server(args.latency)
     try:
         runs: dict[str, list[float]] = {name: [] for name in args.only}
+        cpus: dict[str, list[float]] = {name: [] for name in args.only}
         order = list(args.only)
         for _ in range(args.repeats):
             random.shuffle(order)  # interleaved, so a noisy neighbour hurts every contender alike
@@ -207,6 +212,7 @@ def main() -> None:
                 if result["ok"] != n:
                     raise RuntimeError(f"{name}: only {result['ok']} of {n} requests succeeded")
                 runs[name].append(n / result["seconds"])
+                cpus[name].append(result["cpu"])
     finally:
         server.terminate()
         server.wait()
@@ -217,15 +223,20 @@ def main() -> None:
         f"\n{args.requests} requests, concurrency {args.concurrency}, latency {args.latency * 1000:.0f} ms "
         f"(ideal {ideal:.0f} req/s), median of {args.repeats} fresh processes each"
     )
-    print("| client | req/s (median) | runs | vs bare aiohttp |")
-    print("|---|---:|---|---:|")
+    # CPU: the client process's own seconds (all threads; imports included, like the wall-clock figure), the
+    # steadier figure where other jobs share the cores.
+    print(
+        "| client | req/s (median) | runs | vs bare aiohttp | client CPU s (median) | CPU s, each process |"
+    )
+    print("|---|---:|---|---:|---:|---|")
     for name in CONTENDERS:
         if name not in runs:
             continue
         med = statistics.median(runs[name])
         ratio = f"{med / ceiling:.2f}x" if ceiling else "-"
         all_runs = ", ".join(f"{r:.0f}" for r in runs[name])
-        print(f"| {name} | {med:.0f} | {all_runs} | {ratio} |")
+        cpu, each_cpu = statistics.median(cpus[name]), ", ".join(f"{c:.2f}" for c in cpus[name])
+        print(f"| {name} | {med:.0f} | {all_runs} | {ratio} | {cpu:.2f} | {each_cpu} |")
     if "bare" in runs:
         # Each round ran every contender once, back to back: the ratio within a round is the least noisy.
         print("\nper round, vs that round's bare aiohttp process:")
