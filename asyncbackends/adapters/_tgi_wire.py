@@ -10,19 +10,24 @@ those into a malformed-response `BackendError` with the request's id.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._types import Completion, GenerationRequest, ToolCall
+from ..errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",
+    "MARKDOWN_IMAGE",
     "UNSUPPORTED_REASONS",
     "TGIInfo",
     "chat_payload",
+    "encoder",
     "generate_payload",
     "int_header",
+    "length_problem",
     "oversized",
     "parse_chat",
     "parse_generate",
@@ -31,6 +36,9 @@ __all__ = [
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 """TGI's default ``--payload-limit`` in bytes: a larger body is answered 413 without reaching the model."""
+
+MARKDOWN_IMAGE = re.compile(r"!\[\]\([^)]*\)")
+"""An image in a text prompt as TGI's router finds it in a vision model's ``inputs``: ``![](url)``."""
 
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 UNSUPPORTED_REASONS = {
@@ -218,3 +226,44 @@ def oversized(payload: Any, limit: int | None) -> str | None:
         f"the request body is {size:,} bytes, over the server's payload limit ({limit:,} bytes, TGI's "
         "--payload-limit): send smaller images, or set payload_limit to the server's"
     )
+
+
+def length_problem(
+    info: TGIInfo,
+    inputs: str,
+    max_new: int,
+    encode: Callable[[str], Sequence[int]] | None,
+    prompt_min: int = 1,
+) -> str | None:
+    """Why TGI's router would refuse ``inputs`` + ``max_new`` tokens for length; ``None`` if it would not.
+
+    Without ``encode`` the prompt counts as ``prompt_min`` tokens. Markdown images are left out of the count:
+    the router counts each as the model's image tokens, unknown here, so with images it is a lower bound.
+    """
+    if info.max_total_tokens is None:
+        return None
+    text, images = MARKDOWN_IMAGE.subn("", inputs)
+    n_prompt = len(encode(text)) if encode is not None else prompt_min
+    at_least = "" if encode is not None and not images else " at least"
+    if info.max_input_tokens is not None and n_prompt > info.max_input_tokens:
+        return (
+            f"the prompt has{at_least} {n_prompt} tokens; this server accepts at most {info.max_input_tokens}"
+        )
+    if n_prompt + max_new > info.max_total_tokens:
+        return (
+            f"prompt tokens ({n_prompt}{at_least}) + max_tokens ({max_new}) "
+            f"exceed this server's max_total_tokens ({info.max_total_tokens})"
+        )
+    return None
+
+
+def encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
+    """The ``text -> token ids`` function of a ``tokenizer`` option (an ``encode`` method, or a callable)."""
+    if tokenizer is None:
+        return None
+    encode = getattr(tokenizer, "encode", None)
+    if callable(encode):
+        return encode  # type: ignore[no-any-return]
+    if callable(tokenizer):
+        return tokenizer  # type: ignore[no-any-return]
+    raise InvalidRequestError("tokenizer must have an encode(text) method or be a callable text -> token ids")

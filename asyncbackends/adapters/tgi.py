@@ -2,10 +2,10 @@
 
 One request per call, like every adapter; a request may take several HTTP exchanges inside that call (n > 1,
 and loglikelihood's ``/tokenize``), made concurrently and failing together. Text prompts go to
-``POST /generate``, chat prompts (with their images and tools) to ``POST /v1/chat/completions`` (TGI's
-Messages API; a body over ``payload_limit`` is refused before sending); loglikelihoods read the prefill
-logprobs
-of ``/generate`` with ``decoder_input_details``. `SamplingParams` are mapped as TGI's router accepts them:
+``POST /generate`` as they are, images in TGI's markdown form (``![](data:...)``, ``![](https://...)``)
+included; chat prompts (with their images and tools) to ``POST /v1/chat/completions`` (TGI's Messages API);
+any body over ``payload_limit`` is refused before sending. Loglikelihoods read the prefill logprobs of
+``/generate`` with ``decoder_input_details``. `SamplingParams` are mapped as TGI's router accepts them:
 
 - greedy is ``do_sample: false`` with no temperature, top_k or top_p at all: TGI rejects temperature <= 0,
   and its server turns sampling on whenever a warper (top_k, top_p < 1, temperature != 1) is present;
@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
@@ -53,8 +53,10 @@ from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
     UNSUPPORTED_REASONS,
     chat_payload,
+    encoder,
     generate_payload,
     int_header,
+    length_problem,
     oversized,
     parse_chat,
     parse_generate,
@@ -88,9 +90,10 @@ class TGIBackend(BaseBackend):
         max_concurrency: The concurrency `gather` uses when given none.
         tokenizer: Optional local tokenizer (an object with ``encode(text) -> list[int]``, or a callable) to
             count tokens: loglikelihood continuations without ``POST /tokenize``, and prompt lengths checked
-            against ``/info`` before sending.
-        payload_limit: The server's ``--payload-limit`` in bytes (TGI's default 2,000,000): a chat body over
-            it (large images) is refused with `RequestRejectedError` before sending; ``None``: no check.
+            against ``/info`` before sending (a markdown image counted as no tokens: a lower bound).
+        payload_limit: The server's ``--payload-limit`` in bytes (TGI's default 2,000,000): a body over it
+            (large images, as chat parts or a text prompt's markdown) is refused with `RequestRejectedError`
+            before sending; ``None``: no check.
     """
 
     name = "tgi"
@@ -117,7 +120,7 @@ class TGIBackend(BaseBackend):
             max_connections=max_connections,
         )
         self.url = self._http.base_url  # without any user:password@ (sent as a masked header instead)
-        self._encode = _encoder(tokenizer)
+        self._encode = encoder(tokenizer)
         if payload_limit is not None and (not isinstance(payload_limit, int) or payload_limit < 1):
             raise InvalidRequestError(f"payload_limit must be a positive int or None, got {payload_limit!r}")
         self.payload_limit = payload_limit
@@ -300,17 +303,7 @@ class TGIBackend(BaseBackend):
         self, info: TGIInfo, text: str, max_new: int, rid: str | None, prompt_min: int = 1
     ) -> None:
         """Refuse what TGI's router would refuse for length; the prompt is counted only with a tokenizer."""
-        if info.max_total_tokens is None:
-            return
-        n_prompt = len(self._encode(text)) if self._encode is not None else prompt_min
-        problem = None
-        if info.max_input_tokens is not None and n_prompt > info.max_input_tokens:
-            problem = f"the prompt has {n_prompt} tokens; this server accepts at most {info.max_input_tokens}"
-        elif n_prompt + max_new > info.max_total_tokens:
-            problem = (
-                f"prompt tokens ({n_prompt}{'' if self._encode else ' at least'}) + max_tokens ({max_new}) "
-                f"exceed this server's max_total_tokens ({info.max_total_tokens})"
-            )
+        problem = length_problem(info, text, max_new, self._encode, prompt_min)
         if problem:
             raise RequestRejectedError(problem, backend=self.name, request_id=rid)
 
@@ -325,11 +318,7 @@ class TGIBackend(BaseBackend):
         return completion, int_header(headers, "x-prompt-tokens")
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
-        payload = chat_payload(request, seed)
-        too_large = oversized(payload, self.payload_limit)
-        if too_large:
-            raise RequestRejectedError(too_large, backend=self.name, request_id=request.request_id)
-        body, _ = await self._post("/v1/chat/completions", payload, request)
+        body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
         try:
             completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
@@ -385,6 +374,9 @@ class TGIBackend(BaseBackend):
         self, path: str, payload: Any, request: Any, not_found_hint: bool = False
     ) -> tuple[Any, Mapping[str, str]]:
         rid = request.request_id
+        too_large = oversized(payload, self.payload_limit)  # images, in a chat or a text's markdown
+        if too_large:
+            raise RequestRejectedError(too_large, backend=self.name, request_id=rid)
         resp = await self._http.request("POST", path, json_body=payload, request_id=rid)
         if resp.status == 404 and not_found_hint:
             raise RequestRejectedError(
@@ -399,14 +391,3 @@ class TGIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("TGI", exc, backend=self.name, request_id=rid)
-
-
-def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
-    if tokenizer is None:
-        return None
-    encode = getattr(tokenizer, "encode", None)
-    if callable(encode):
-        return encode  # type: ignore[no-any-return]
-    if callable(tokenizer):
-        return tokenizer  # type: ignore[no-any-return]
-    raise InvalidRequestError("tokenizer must have an encode(text) method or be a callable text -> token ids")

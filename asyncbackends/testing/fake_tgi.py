@@ -2,8 +2,9 @@
 
 It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``/tokenize``,
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
-status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`. Knobs inject
-latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
+status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`, a vision model
+whose inputs' markdown images (``![](url)``) are read as TGI's router reads them (`fake_tgi_images`). Knobs
+inject latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
 connections and hangs (see `fake_tgi_faults`); counters record attempts and answers per input and the
 peak of requests in flight; with ``check_schema`` every request and response is validated against the
 OpenAPI spec and any violation kept in `schema_violations`.
@@ -47,6 +48,7 @@ if importlib.util.find_spec("jsonschema") is None:
 from . import openapi
 from ._serve import serve
 from .fake_tgi_faults import choose_failure, fail
+from .fake_tgi_images import read_images
 from .fake_tgi_model import FakeModel, Generation
 from .fake_tgi_responses import (
     chat_json,
@@ -274,7 +276,9 @@ class FakeTGIServer:
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
         params = deserialize_parameters(body, extra={"stream": "bool", "add_special_tokens": "bool"})
-        return _validate(body["inputs"], params, self.limits, self.model.num_tokens, stream=stream)
+        # A vision model: markdown images in the inputs are read as TGI's router reads them.
+        count = self.model.num_tokens
+        return _validate(body["inputs"], params, self.limits, count, stream=stream, read_inputs=read_images)
 
     def _run_model(self, req: ValidRequest, seed: int | None = None) -> Generation:
         try:
@@ -284,7 +288,7 @@ class FakeTGIServer:
 
     def _generate_text(self, req: ValidRequest, seed: int | None) -> Generation:
         return self.model.generate(
-            req.inputs,
+            req.model_inputs,
             max_new_tokens=req.max_new_tokens,
             do_sample=req.do_sample,
             seed=req.seed if seed is None else seed,

@@ -22,7 +22,9 @@ def details_json(model: FakeModel, req: ValidRequest, gen: Generation) -> dict[s
     """TGI's ``Details``: prefill (when asked for), tokens, finish reason, seed."""
     prefill = []
     if req.decoder_input_details:
-        prefill = [{"id": t.id, "text": t.text, "logprob": t.logprob} for t in model.prefill(req.inputs)]
+        prefill = [
+            {"id": t.id, "text": t.text, "logprob": t.logprob} for t in model.prefill(req.model_inputs)
+        ]
     return {
         "finish_reason": gen.finish_reason,
         "generated_tokens": len(gen.tokens),

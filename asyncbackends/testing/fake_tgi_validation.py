@@ -181,6 +181,8 @@ class ValidRequest:
     """A request that passed validation, with the router's resolved values."""
 
     inputs: str
+    model_inputs: str
+    """What the model reads of ``inputs`` (its images read, as `fake_tgi_images` tells)."""
     input_length: int
     max_new_tokens: int
     do_sample: bool
@@ -205,8 +207,13 @@ def validate_generate(
     count_tokens: Callable[[str], int],
     *,
     stream: bool = False,
+    read_inputs: Callable[[str], str] = str,
 ) -> ValidRequest:
-    """The router's ``Validation::validate`` (and the endpoint checks around it), in its order."""
+    """The router's ``Validation::validate`` (and the endpoint checks around it), in its order.
+
+    ``read_inputs`` gives the text the model reads for ``inputs`` (where a vision model's router reads the
+    images in it, raising `WireError` for one it refuses); its tokens are the input length.
+    """
     best_of = p.get("best_of", 1)
     if best_of != 1:
         if limits.max_best_of == 1:
@@ -252,7 +259,8 @@ def validate_generate(
         raise _validation(
             f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. Given: {truncate}"
         )
-    length = count_tokens(inputs)
+    model_inputs = read_inputs(inputs)
+    length = count_tokens(model_inputs)
     if truncate is not None:
         length = min(length, truncate)
     max_new = p.get("max_new_tokens")
@@ -268,6 +276,7 @@ def validate_generate(
     grammar = _validate_grammar(p.get("grammar"), limits)
     return ValidRequest(
         inputs=inputs,
+        model_inputs=model_inputs,
         input_length=length,
         max_new_tokens=max_new,
         do_sample=sampling,

@@ -114,7 +114,7 @@ async def test_wait_timeout(api: FakeEndpointsAPI, make_backend: MakeBackend) ->
     started = time.monotonic()
     with pytest.raises(ab.BackendTimeoutError, match="still initializing"):
         await make_backend(wait_timeout=0.3)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # the wait_timeout, not the 30 s start-up
 
 
 @pytest.mark.asyncio

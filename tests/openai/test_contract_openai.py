@@ -28,9 +28,8 @@ class TestOpenAIContract(BackendContract):
     @pytest.fixture(scope="class")
     @classmethod
     def backend(cls, served: Served) -> Iterator[ab.AsyncBackend]:
-        # The test server runs no tool-call parser, which vLLM needs even for a named tool choice: tools are
-        # disclaimed, so the contract checks they are refused (tests/openai/test_wire_chat.py covers the wire).
-        backend = ab.create_backend("openai", base_url=served.base_url, api_key=API_KEY, tools=False)
+        # The server runs a tool-call parser (conftest.py), so tools are claimed and the named choice checked.
+        backend = ab.create_backend("openai", base_url=served.base_url, api_key=API_KEY)
         yield backend
         ab.get_loop_manager().run(backend.aclose())
 

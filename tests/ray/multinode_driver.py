@@ -70,6 +70,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
                 await lose_node(backend, config, kill)
         out["after"] = where(backend)
         if kill:
+            await notice_loss(backend, config["params"])
             # The lost replica restarted (or dropped): wait for the state the docs promise.
             await wait_until(
                 lambda: backend.replica_events["restarted"] + backend.replica_events["dropped"] >= 1,
@@ -107,6 +108,26 @@ async def lose_node(backend: RayBackend, config: dict[str, Any], node: str) -> N
     else:
         await wait_until(lambda: replica.in_flight >= 2, "in flight")
     os.killpg(config["kill_pgid"], signal.SIGKILL)
+
+
+def lost(backend: RayBackend) -> bool:
+    return backend.replica_events["lost"] >= 1
+
+
+async def notice_loss(backend: RayBackend, params: ab.SamplingParams) -> None:
+    """Send requests until the router has met the lost replica, if the run itself never did.
+
+    A replica that does not hold its requests (vLLM answers 8 tokens in milliseconds) may have answered
+    everything it had before its node went, and the router sends nothing more to it while the other replica
+    takes the rest of the run: then no request has failed on it yet. Requests in pairs reach both replicas
+    (least loaded), so the next pair meets the dead one; each is resent to the survivor in its attempt.
+    """
+    for i in range(50):
+        if lost(backend):
+            return
+        pair = [ab.GenerationRequest(f"probe {i} {j}", params, request_id=f"p{i}.{j}") for j in range(2)]
+        await ab.gather(backend, pair)
+    raise TimeoutError("no request met the lost replica")
 
 
 def dataclass_dict(value: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ def drive(cluster: LocalCluster, tmp_path: Path, config: dict[str, Any]) -> dict
         text=True,
         timeout=600,
     )
+    (tmp_path / "driver.log").write_text(out.stderr)
     assert out.returncode == 0, out.stderr[-5000:]
     result: dict[str, Any] = json.loads(path.with_suffix(".out.json").read_text())
     result["log"] = out.stderr

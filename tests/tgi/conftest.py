@@ -6,6 +6,8 @@ teardown if any exchange broke it (tests that send invalid requests on purpose o
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -72,3 +74,21 @@ def fast_retry(attempts: int = 4) -> ab.RetryPolicy:
 def sent(server: FakeTGIServer, path: str = "/generate") -> list[Any]:
     """The bodies the server received on ``path``, in arrival order."""
     return [body for p, body in server.received if p == path]
+
+
+def png(size: int = 2) -> bytes:
+    """A small red PNG."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), "red").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def noise_png(side: int) -> bytes:
+    """A PNG of random pixels, which do not compress: about ``side * side * 3`` bytes."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(buffer, format="PNG")
+    return buffer.getvalue()

@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
 import jsonschema
 import pytest
-from PIL import Image
 
 import asyncbackends as ab
 from asyncbackends.testing import openapi
 from asyncbackends.testing.fake_tgi import FakeTGIServer
 
 from ..chat_tools import add_tool
-from .conftest import MakeBackend, MakeServer
+from .conftest import MakeBackend, MakeServer, noise_png, png
 
 ADD = add_tool()
-
-
-def _png(size: int = 2) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (size, size), "red").save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _noise_png(side: int) -> bytes:
-    # Random pixels do not compress: a PNG of about side * side * 3 bytes.
-    import os
-
-    buffer = io.BytesIO()
-    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.mark.asyncio
@@ -40,7 +23,7 @@ async def test_images_go_to_the_messages_api_as_the_spec_defines(
     server: FakeTGIServer, make_backend: MakeBackend
 ) -> None:
     backend = await make_backend(server.url)
-    image = ab.image_part(_png())
+    image = ab.image_part(png())
     messages = [{"role": "user", "content": [{"type": "text", "text": "Describe "}, image]}]
     (result,) = await ab.gather(backend, [ab.GenerationRequest(messages, ab.SamplingParams(max_tokens=3))])
     path, sent = server.received[-1]
@@ -101,7 +84,7 @@ async def test_an_oversized_image_is_refused_before_sending(
 ) -> None:
     server = await make_server()
     backend = await make_backend(server.url)
-    big = ab.image_part(_noise_png(900))  # about 2.4 MB once base64: over TGI's default 2,000,000 bytes
+    big = ab.image_part(noise_png(900))  # about 2.4 MB once base64: over TGI's default 2,000,000 bytes
     request = ab.GenerationRequest([{"role": "user", "content": [big]}], ab.SamplingParams(max_tokens=1))
     before = len(server.received)
     with pytest.raises(ab.RequestRejectedError, match="payload limit"):
@@ -124,6 +107,6 @@ async def test_unclaimed_capabilities_and_bad_input_send_nothing(
     backend.capabilities = ab.Capabilities(chat=True)  # as a text-only deployment would claim
     with pytest.raises(ab.RequestRejectedError, match="images"):
         await ab.gather(
-            backend, [ab.GenerationRequest([{"role": "user", "content": [ab.image_part(_png())]}])]
+            backend, [ab.GenerationRequest([{"role": "user", "content": [ab.image_part(png())]}])]
         )
     assert len(server.received) == before
