@@ -212,13 +212,8 @@ class Run:
             self.limiter.release(ticket, asyncio.CancelledError())
 
     async def work_on(self, slot: AttemptClock, indices: Iterator[int]) -> None:
-        requests, sink, metrics, observer, bar = (
-            self.requests,
-            self.sink,
-            self.metrics,
-            self.observer,
-            self.bar,
-        )
+        requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
+        bar = self.bar  # made before the workers start
         timed = metrics is not None or observer is not None
         for index in indices:
             request = requests[index]
