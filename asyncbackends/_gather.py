@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Literal, Never, overload
 
 from ._cache import ResponseCache
@@ -21,7 +21,7 @@ from ._observability.observe import RunObserver
 from ._observability.observers import watch
 from ._observability.run_metrics import RunMetrics
 from ._options import DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY
-from ._options import Concurrency, refuse_unknown_options
+from ._options import OPTION_NAMES, Concurrency, refuse_unknown_options
 from ._options import RateLimit as RateLimit
 from ._options import RetryPolicy as RetryPolicy
 from ._options import RunOptions as RunOptions
@@ -39,6 +39,17 @@ def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
     if isinstance(requests, (str, bytes)):
         raise InvalidRequestError("requests must be a sequence of request objects, not a string")
     return requests if isinstance(requests, Sequence) else list(requests)
+
+
+def _checked(arguments: Mapping[str, Any]) -> tuple[RunOptions, Sequence[Request]]:
+    """An entry point's call checked before anything is sent: its `RunOptions` and its requests.
+
+    ``arguments`` is the entry point's ``locals()`` on entry, the options read by name (the keyword
+    arguments every entry point takes are `RunOptions`' fields, and its ``**unknown`` the misspelled ones).
+    """
+    refuse_unknown_options(arguments["unknown"])
+    options = RunOptions(**{name: arguments[name] for name in OPTION_NAMES})
+    return options, _as_sequence(arguments["requests"])
 
 
 async def _gather_here(
@@ -130,19 +141,7 @@ async def gather(
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
     """
-    refuse_unknown_options(unknown)
-    options = RunOptions(
-        concurrency=concurrency,
-        retry=retry,
-        timeout=timeout,
-        rate_limit=rate_limit,
-        progress=progress,
-        cache=cache,
-        return_exceptions=return_exceptions,
-        metrics=metrics,
-        callbacks=callbacks,
-    )
-    sequence = _as_sequence(requests)
+    options, sequence = _checked(locals())
     # The observer is made here, in the caller's thread, where the caller's active span is current.
     return await get_loop_manager().arun(_gather_here(backend, sequence, options, watch(backend, options)))
 
@@ -201,19 +200,7 @@ def run_batch(
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         LoopError: Called from the shared loop's own thread, or the manager was shut down meanwhile.
     """
-    refuse_unknown_options(unknown)
-    options = RunOptions(
-        concurrency=concurrency,
-        retry=retry,
-        timeout=timeout,
-        rate_limit=rate_limit,
-        progress=progress,
-        cache=cache,
-        return_exceptions=return_exceptions,
-        metrics=metrics,
-        callbacks=callbacks,
-    )
-    sequence = _as_sequence(requests)
+    options, sequence = _checked(locals())
     return get_loop_manager().run(_gather_here(backend, sequence, options, watch(backend, options)))
 
 
@@ -271,19 +258,7 @@ async def as_completed(
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
     """
-    refuse_unknown_options(unknown)
-    options = RunOptions(
-        concurrency=concurrency,
-        retry=retry,
-        timeout=timeout,
-        rate_limit=rate_limit,
-        progress=progress,
-        cache=cache,
-        return_exceptions=return_exceptions,
-        metrics=metrics,
-        callbacks=callbacks,
-    )
-    sequence = _as_sequence(requests)
+    options, sequence = _checked(locals())
     manager = get_loop_manager()
     here = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()

@@ -78,13 +78,16 @@ class GenerationResult:
     model: str | None = None
 
     def __post_init__(self) -> None:
-        check_request_id(self.request_id)
+        # Built once per request on the hot path: the common case (a str id, a tuple) costs no call.
+        if self.request_id is not None and type(self.request_id) is not str:
+            check_request_id(self.request_id)
         if type(self.completions) is not tuple:
             if isinstance(self.completions, (str, bytes)) or not isinstance(self.completions, Sequence):
                 raise InvalidRequestError("completions must be a sequence of Completion")
             set_field(self, "completions", tuple(self.completions))
-        if not all(type(c) is Completion for c in self.completions):
-            raise InvalidRequestError("completions must be a sequence of Completion")
+        for completion in self.completions:  # a loop, not all(...): no generator per result
+            if type(completion) is not Completion:
+                raise InvalidRequestError("completions must be a sequence of Completion")
         if self.prompt_tokens is not None and not is_int(self.prompt_tokens):
             raise InvalidRequestError(f"prompt_tokens must be an int or None, got {self.prompt_tokens!r}")
         if self.model is not None and not isinstance(self.model, str):
@@ -120,7 +123,8 @@ class LoglikelihoodResult:
     token_logprobs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_request_id(self.request_id)
+        if self.request_id is not None and type(self.request_id) is not str:
+            check_request_id(self.request_id)
         if (
             not isinstance(self.logprob, (int, float))
             or isinstance(self.logprob, bool)

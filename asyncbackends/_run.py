@@ -9,6 +9,7 @@ here, as one `RunOptions` (already checked when it was built) says.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -117,7 +118,8 @@ class Run:
         if self.metrics is not None:
             self.metrics.concurrency_limit = self.limiter.limit if self.limiter else self.concurrency
         loop = asyncio.get_running_loop()
-        slots = [AttemptClock() for _ in range(min(self.concurrency, len(self.requests)))]
+        timeout = math.inf if self.timeout is None else self.timeout
+        slots = [AttemptClock(timeout) for _ in range(min(self.concurrency, len(self.requests)))]
         tasks = []
         for slot in slots:
             slot.task = loop.create_task(self.work(slot))
@@ -185,6 +187,7 @@ class Run:
                     slot.task.cancel()
 
     async def work(self, slot: AttemptClock) -> None:
+        slot.bind()
         limiter = self.limiter
         if limiter is None:
             await self.work_on(slot, self.indices)
@@ -210,9 +213,11 @@ class Run:
 
     async def work_on(self, slot: AttemptClock, indices: Iterator[int]) -> None:
         requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
+        bar = self.bar  # made before the workers start
+        timed = metrics is not None or observer is not None
         for index in indices:
             request = requests[index]
-            start = time.perf_counter() if metrics is not None or observer is not None else 0.0
+            start = time.perf_counter() if timed else 0.0
             if observer is None:
                 outcome = await self.one(request, slot, None)
             else:
@@ -235,10 +240,10 @@ class Run:
                 metrics._record_latency(end - start, start - (metrics.started or start))
                 if metrics.on_update is not None:
                     metrics.on_update(metrics)
-            if self.bar is not None:
-                self.bar.update(1)
+            if bar is not None:
+                bar.update(1)
                 if isinstance(outcome, AsyncBackendsError):
-                    self.bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
+                    bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
     async def watched(
         self, observer: RunObserver, index: int, request: Request, slot: AttemptClock, slot_wait: float
@@ -277,31 +282,12 @@ class Run:
     async def attempt(
         self, method: BackendMethod, request: Request, slot: AttemptClock, attempt: int
     ) -> Result:
-        """One call to the adapter, bounded by the per-attempt timeout.
-
-        An attempt the sweeper cancelled raises `BackendTimeoutError` whatever the adapter turned the
-        cancellation into (an adapter may map it to its own error, or an engine abort may fail), and the
-        task's cancellation count is restored, so the next attempt is timed again.
-        """
+        """One call to the adapter, bounded by the per-attempt timeout (`AttemptClock`)."""
         if self.timeout is None:
             return await method(request)
-        slot.start(self.timeout)
-        try:
-            result: Result = await method(request)
-        except BaseException as exc:
-            if not slot.expired:
-                raise
-            slot.expired = False
-            if asyncio.current_task().uncancel() > 0:  # type: ignore[union-attr]
-                raise asyncio.CancelledError from exc  # cancelled from outside as well: that wins
-            cause = None if isinstance(exc, asyncio.CancelledError) else exc
-            raise BackendTimeoutError(f"attempt {attempt} took longer than {self.timeout} s") from cause
-        finally:
-            slot.stop()
-        if slot.expired:  # the adapter swallowed our cancellation and answered anyway
-            slot.expired = False
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return result
+        slot.timeout, slot.attempt = self.timeout, attempt
+        with slot:
+            return await method(request)
 
     async def one(self, request: Request, slot: AttemptClock, watched: RequestObserver | None) -> Outcome:
         """One request through cache, rate limits, attempts and retries; returns its result or error."""
@@ -340,18 +326,26 @@ class Run:
                     watched.rate_waited(time.perf_counter() - waiting)
             error: BackendError
             try:
-                call: Awaitable[Result]
-                if watched is not None:
-                    call = self.observed_attempt(watched, method, request, slot, attempt)
-                elif self.timeout is None:
-                    # The adapter's call itself, not `attempt` around it: one coroutine fewer per request
-                    # in flight, promoted to the collector's oldest generation (docs/benchmarks.md).
-                    call = method(request)
+                result: Result
+                if watched is None and self.limiter is None:
+                    # The adapter's call itself, timed here, not `attempt` around it: one coroutine fewer
+                    # per request in flight, promoted to the collector's oldest generation
+                    # (docs/benchmarks.md), and one frame fewer on every resumption.
+                    if self.timeout is None:
+                        result = await method(request)
+                    else:
+                        slot.attempt = attempt
+                        with slot:
+                            result = await method(request)
                 else:
-                    call = self.attempt(method, request, slot, attempt)
-                if self.limiter is not None:
-                    call = self.within_limit(call, slot)
-                result: Result = await call
+                    call: Awaitable[Result]
+                    if watched is not None:
+                        call = self.observed_attempt(watched, method, request, slot, attempt)
+                    else:
+                        call = self.attempt(method, request, slot, attempt)
+                    if self.limiter is not None:
+                        call = self.within_limit(call, slot)
+                    result = await call
             except InvalidRequestError as exc:
                 return exc
             except BackendError as exc:

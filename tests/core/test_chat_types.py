@@ -12,16 +12,9 @@ from PIL import Image
 
 import asyncbackends as ab
 from asyncbackends._capabilities import refuse_unclaimed_chat
+from tests.chat_tools import add_tool
 
-ADD = ab.Tool(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-        "required": ["x", "y"],
-    },
-)
+ADD = add_tool()
 
 
 def _png(size: tuple[int, int] = (3, 2), color: str = "red") -> bytes:

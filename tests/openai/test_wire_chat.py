@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
 
+from ..chat_tools import add_tool
 from . import test_wire
 from .test_wire import Stub
 
@@ -20,15 +21,7 @@ from .test_wire import Stub
 stub = test_wire.stub
 backend = test_wire.backend
 
-ADD = ab.Tool(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-        "required": ["x", "y"],
-    },
-)
+ADD = add_tool()
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 )

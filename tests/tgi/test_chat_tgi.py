@@ -12,17 +12,10 @@ import asyncbackends as ab
 from asyncbackends.testing import openapi
 from asyncbackends.testing.fake_tgi import FakeTGIServer
 
+from ..chat_tools import add_tool
 from .conftest import MakeBackend, MakeServer, noise_png, png
 
-ADD = ab.Tool(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-        "required": ["x", "y"],
-    },
-)
+ADD = add_tool()
 
 
 @pytest.mark.asyncio

