@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from .._adaptive import AdaptiveLimiter
 from ..errors import (
     BackendBrokenError,
     BackendClosedError,
@@ -91,6 +92,9 @@ class ReplicaStats:
         cooldowns: Times it was cooled down.
         last_error: The last fault that cooled it down, in words.
         node: Where it runs now, where the backend knows (the Ray node id of a ``ray`` replica).
+        limit: Its own adaptive concurrency limit now, where the router keeps one per replica
+            (``replica_concurrency="adaptive"``, or a run with ``concurrency="adaptive"`` on the pool); else
+            ``None``.
     """
 
     label: str
@@ -103,6 +107,7 @@ class ReplicaStats:
     cooldowns: int
     last_error: str | None = None
     node: str | None = None
+    limit: int | None = None
 
 
 class Replica:
@@ -126,6 +131,7 @@ class Replica:
         "in_flight",
         "label",
         "last_error",
+        "limiter",
         "requests",
         "salt",
         "state",
@@ -146,10 +152,13 @@ class Replica:
         self._streak = 0  # faults in a row: the next cool-down is cooldown * 2 ** (streak - 1)
         self._epoch = 0  # bumped when taken back; a success only clears the streak if sent since
         self._probe: asyncio.Task[None] | None = None
+        self.limiter: AdaptiveLimiter | None = None  # its own adaptive limit, where the router keeps them
 
     @property
     def load(self) -> float:
-        """Requests in flight relative to capacity."""
+        """Requests in flight relative to its own adaptive limit where it has one, else to capacity."""
+        if self.limiter is not None:
+            return self.in_flight / self.limiter.limit
         return self.in_flight / self.weight
 
     def stats(self) -> ReplicaStats:
@@ -164,6 +173,7 @@ class Replica:
             self.failures,
             self.cooldowns,
             self.last_error,
+            limit=None if self.limiter is None else self.limiter.limit,
         )
 
     def __repr__(self) -> str:
