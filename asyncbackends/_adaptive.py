@@ -277,10 +277,10 @@ def adaptive_limiter(
     """The adaptive limit a run (or ``ab.limited``) holds its attempts to on ``backend``.
 
     A backend that limits its own parts adaptively (a pool: one limit a replica) says which through an
-    ``adaptive_limit(settings, on_change)`` method, so the two limits never fight; any other backend gets a
+    ``_adaptive_limit(settings, on_change)`` method, so the two limits never fight; any other backend gets a
     fresh `AdaptiveLimiter`.
     """
-    own = getattr(backend, "adaptive_limit", None)
+    own = getattr(backend, "_adaptive_limit", None)
     if callable(own):
         limiter: AdaptiveLimiter = own(settings, on_change)
         return limiter

@@ -13,9 +13,9 @@ their replicas are built, read and lost; everything else is here, once:
   loop, whichever loop a caller awaits from (``asyncio.run``, a notebook, the shared loop itself).
 - **Closing**: `aclose` stops the probes and releases attempts waiting for a healthy replica; an attempt in
   flight when the backend closes ends with `BackendClosedError`, never retried.
-- **Adaptive concurrency**: a run with ``concurrency="adaptive"`` (or ``ab.limited(..., concurrency=
-  "adaptive")``) holds its attempts to `adaptive_limit`: the sum of one adaptive limit per replica, each moved
-  only by its own replica's answers, so one small server's refusals never cut what the others may take.
+- **Adaptive concurrency**: a run with ``concurrency="adaptive"`` (or ``ab.limited`` with it) holds its
+  attempts to `_adaptive_limit`: the sum of one adaptive limit per replica, each moved only by its own
+  replica's answers, so one small server's refusals never cut what the others may take.
 - **Readiness**: `check_ready` returns while any replica is healthy, so a routed backend can itself be a
   replica (of a pool, say).
 """
@@ -70,7 +70,7 @@ class RoutedBackend(BaseBackend):
         """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""
         return self._router.stats()
 
-    def adaptive_limit(
+    def _adaptive_limit(
         self, settings: AdaptiveConcurrency, on_change: Callable[[int, ChangeReason], None] | None = None
     ) -> PoolLimit:
         """The adaptive limit a run (or ``ab.limited``) holds this backend's attempts to.

@@ -127,11 +127,11 @@ class LimitedBackend:
     def limiter(self) -> AdaptiveLimiter | None:
         """The shared adaptive limit (its ``limit``, ``changes``), once a request used it; else ``None``.
 
-        Around a pool it is the sum of the replicas' own limits (see `RoutedBackend.adaptive_limit`).
+        Around a pool it is the sum of the replicas' own limits (see `RoutedBackend._adaptive_limit`).
         """
         return self._limiter
 
-    def adaptive_limit(
+    def _adaptive_limit(
         self, settings: AdaptiveConcurrency, on_change: Callable[[int, ChangeReason], None] | None = None
     ) -> AdaptiveLimiter:
         """The adaptive limit a run holds this backend's attempts to: the wrapped backend's own way.

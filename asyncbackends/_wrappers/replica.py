@@ -24,7 +24,16 @@ from ..errors import (
     RateLimitedError,
 )
 
-__all__ = ["COOLING", "HEALTHY", "REFUSED", "Replica", "ReplicaStats", "is_replica_fault", "sent_nothing"]
+__all__ = [
+    "COOLING",
+    "HEALTHY",
+    "REFUSED",
+    "Replica",
+    "ReplicaStats",
+    "for_retry",
+    "is_replica_fault",
+    "sent_nothing",
+]
 
 HEALTHY, COOLING, REFUSED = "healthy", "cooling", "refused"
 
@@ -74,6 +83,17 @@ def is_replica_fault(exc: BaseException) -> bool:
     if isinstance(exc, BackendError):
         return type(exc) is BackendError and exc.retryable
     return isinstance(exc, Exception)
+
+
+def for_retry(replica: Replica, exc: Exception, others: bool) -> Exception:
+    """The error to raise for a fault of ``replica``: retryable while ``others`` can take the retry."""
+    if isinstance(exc, BackendError):
+        if others and not exc.retryable:
+            exc.retryable = True  # a dead or closed replica; the pool itself still serves
+        return exc
+    error = BackendError(f"replica {replica.label}: {type(exc).__name__}: {exc}", retryable=others)
+    error.__cause__ = exc
+    return error
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,9 @@ class ReplicaLimits:
         pauses = [
             r.limiter.paused_until - now
             for r in healthy
-            if r.limiter is not None and r.limiter.in_flight < r.limiter.limit and r.limiter.paused_until > now
+            if r.limiter is not None
+            and r.limiter.in_flight < r.limiter.limit
+            and r.limiter.paused_until > now
         ]
         return max(0.0, min(pauses)) if pauses else math.inf
 

@@ -63,7 +63,6 @@ from .._observability.telemetry import record_replica_state
 from .._types import GenerationRequest, Request, Result, SamplingParams
 from ..errors import (
     BackendClosedError,
-    BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
     InvalidRequestError,
@@ -73,7 +72,7 @@ from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
 from .choice import ROUTINGS as ROUTINGS
 from .choice import Routing as Routing
 from .choice import affine, affinity_key, least_loaded
-from .replica import COOLING, HEALTHY, REFUSED
+from .replica import COOLING, HEALTHY, REFUSED, for_retry
 from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
 from .replica import is_replica_fault as is_replica_fault
@@ -82,7 +81,7 @@ from .replica_limits import ReplicaLimits
 from .router_options import DEFAULTS, check, replica_adaptive_settings
 from .router_options import OPTIONS as OPTIONS
 
-__all__ = ["OPTIONS", "Router"]
+__all__ = ["Router"]
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +254,8 @@ class Router:
                 self.fault(replica, exc)
                 if sent_nothing(exc) and any(r.state == HEALTHY for r in self.replicas if r not in tried):
                     continue  # refused before anything was sent: the next replica, same attempt
-                error = self._for_retry(replica, exc)
+                others = any(r.state != REFUSED for r in self.replicas if r is not replica)
+                error = for_retry(replica, exc, others)
                 if error is exc:
                     raise
                 raise error from exc
@@ -267,17 +267,6 @@ class Router:
             if replica._epoch == epoch and replica.state == HEALTHY:
                 replica._streak = 0
             return result
-
-    def _for_retry(self, replica: Replica, exc: Exception) -> Exception:
-        """The error to raise for a replica fault: retryable while another replica can take the retry."""
-        others = any(r.state != REFUSED for r in self.replicas if r is not replica)
-        if isinstance(exc, BackendError):
-            if others and not exc.retryable:
-                exc.retryable = True  # a dead or closed replica; the pool itself still serves
-            return exc
-        error = BackendError(f"replica {replica.label}: {type(exc).__name__}: {exc}", retryable=others)
-        error.__cause__ = exc
-        return error
 
     async def _wait_for_replica(self, request: Request, tried: list[Replica]) -> Replica:
         loop = asyncio.get_running_loop()
@@ -405,4 +394,3 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._wake()
-
