@@ -10,11 +10,10 @@ about a server's queue, and these tests are about refusals.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 import asyncbackends as ab
 from asyncbackends._adaptive import AdaptiveLimiter
@@ -23,34 +22,16 @@ from asyncbackends._wrappers.replica_limits import PoolLimit
 from asyncbackends._wrappers.router import Router
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
-from .test_pool_tgi import until
+from .test_pool_tgi import MakeServer, make_pool, until
+from .test_pool_tgi import make_server as make_server  # the fixture: look-alikes stopped after the test
 
 SETTINGS = ab.AdaptiveConcurrency(initial=8, latency_tolerance=None)
 RETRY = ab.RetryPolicy(max_attempts=50, initial_delay=0.001, max_delay=0.02)
-MakeServer = Callable[..., Awaitable[FakeTGIServer]]
 
 
-@pytest_asyncio.fixture
-async def make_server() -> AsyncIterator[MakeServer]:
-    servers: list[FakeTGIServer] = []
-
-    async def make(capacity: int, **options: Any) -> FakeTGIServer:
-        options.setdefault("latency", 0.01)
-        limits = Limits(max_concurrent_requests=capacity)
-        server = await FakeTGIServer(limits=limits, check_schema=False, **options).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        await server.stop()
-
-
-async def make_pool(servers: list[FakeTGIServer], **options: Any) -> PoolBackend:
-    replicas = [{"backend": "tgi", "url": s.url, "token": False} for s in servers]
-    backend = await ab.acreate_backend("pool", replicas=replicas, **options)
-    assert isinstance(backend, PoolBackend)
-    return backend
+async def refusing_server(make_server: MakeServer, capacity: int, **options: Any) -> FakeTGIServer:
+    """A look-alike serving ``capacity`` generations at once (10 ms each), answering 429 beyond."""
+    return await make_server(limits=Limits(max_concurrent_requests=capacity), latency=0.01, **options)
 
 
 def requests(count: int) -> list[ab.GenerationRequest]:
@@ -70,7 +51,7 @@ def limiter_of(pool: PoolBackend, index: int) -> AdaptiveLimiter:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("way", ["pool option", "run", "limited"])
 async def test_unequal_replicas_settle_each_at_its_own_capacity(make_server: MakeServer, way: str) -> None:
-    small, large = await make_server(4), await make_server(12)
+    small, large = await refusing_server(make_server, 4), await refusing_server(make_server, 12)
     pool = await make_pool(
         [small, large], **({"replica_concurrency": SETTINGS} if way == "pool option" else {})
     )
@@ -114,8 +95,8 @@ async def test_unequal_replicas_settle_each_at_its_own_capacity(make_server: Mak
 async def test_a_refusal_on_one_replica_cuts_only_its_own_limit_and_pauses_only_it(
     make_server: MakeServer,
 ) -> None:
-    tight = await make_server(2, retry_after="1")
-    roomy = await make_server(1000)
+    tight = await refusing_server(make_server, 2, retry_after="1")
+    roomy = await refusing_server(make_server, 1000)
     pool = await make_pool([tight, roomy], replica_concurrency=SETTINGS)
     try:
         results = await ab.gather(pool, requests(200), concurrency=24, retry=RETRY)
