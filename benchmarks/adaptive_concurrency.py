@@ -65,13 +65,10 @@ def concurrency_of(setting: str) -> Any:
 MAX_NEW_TOKENS = 16
 
 
-def client(url: str, setting: str, n: int) -> dict[str, Any]:
-    """One run in this (fresh) process; its figures as a dict."""
+def measure(backend: Any, setting: str, concurrency: Any, n: int) -> dict[str, Any]:
+    """Send ``n`` requests through ``backend`` in one run; the run's figures as a dict."""
     import asyncbackends as ab
 
-    concurrency = concurrency_of(setting)
-    connections = concurrency if isinstance(concurrency, int) else 512
-    backend = ab.create_backend("tgi", url=url, token=False, max_connections=connections)
     params = ab.SamplingParams(max_tokens=MAX_NEW_TOKENS)
     requests = [ab.GenerationRequest(f"benchmark prompt number {i}", params) for i in range(n)]
     metrics = ab.RunMetrics()
@@ -83,7 +80,6 @@ def client(url: str, setting: str, n: int) -> dict[str, Any]:
         return_exceptions=True,
         metrics=metrics,
     )
-    backend.close()
     s = metrics.summary()
     return {
         "setting": setting,
@@ -101,9 +97,30 @@ def client(url: str, setting: str, n: int) -> dict[str, Any]:
     }
 
 
-POOL_SETTINGS = ("16", "32", "32-capacities", "adaptive", "adaptive-one-limit")
+def client(url: str, setting: str, n: int) -> dict[str, Any]:
+    """One run in this (fresh) process; its figures as a dict."""
+    import asyncbackends as ab
+
+    concurrency = concurrency_of(setting)
+    connections = concurrency if isinstance(concurrency, int) else 512
+    backend = ab.create_backend("tgi", url=url, token=False, max_connections=connections)
+    figures = measure(backend, setting, concurrency, n)
+    backend.close()
+    return figures
+
+
+POOL_SETTINGS = (
+    "16",
+    "32",
+    "32-capacities",
+    "adaptive",
+    "adaptive-nolatency",
+    "adaptive-one-limit",
+    "adaptive-nolatency-one-limit",
+)
 """The pool row: fixed run limits on a plain pool (its replicas' capacities unknown, then told:
-``-capacities``, the oracle), per-replica adaptive limits, and one adaptive limit for the whole pool. Fixed
+``-capacities``, the oracle), per-replica adaptive limits (latency signal on, and off: ``-nolatency``), and
+one adaptive limit for the whole pool (``-one-limit``). Fixed
 limits above the capacities' sum are left out: on a plain pool every 429 cools its replica down (for up to a
 minute as the streak grows), so such a run takes minutes and measures the cool-downs."""
 
@@ -131,36 +148,25 @@ def pool_client(urls: list[str], capacities: list[int], setting: str, n: int) ->
     replicas = [ab.create_backend("tgi", url=u, token=False, max_connections=512) for u in urls]
     pool = ab.pool(replicas, capacities=capacities if setting.endswith("-capacities") else None)
     target: Any = OneLimit(pool) if setting == "adaptive-one-limit" else pool
-    concurrency: Any = "adaptive" if setting.startswith("adaptive") else int(setting.split("-")[0])
-    params = ab.SamplingParams(max_tokens=MAX_NEW_TOKENS)
-    requests = [ab.GenerationRequest(f"benchmark prompt number {i}", params) for i in range(n)]
-    metrics = ab.RunMetrics()
-    results = ab.run_batch(
-        target,
-        requests,
-        concurrency=concurrency,
-        retry=ab.RetryPolicy(max_attempts=50),
-        return_exceptions=True,
-        metrics=metrics,
-    )
+    one = setting.split("-")[0]
+    concurrency = concurrency_of(setting.removesuffix("-one-limit")) if one == "adaptive" else int(one)
+    figures = measure(target, setting, concurrency, n)
     stats = pool.replica_stats()
+    limits = [r.limiter for r in pool.router.replicas]
     pool.close()
-    s = metrics.summary()
     return {
-        "setting": setting,
-        "requests": n,
-        "ok": sum(1 for r in results if isinstance(r, ab.GenerationResult)),
+        **figures,
         "refused": sum(s.failures for s in stats),
-        "elapsed_s": s["elapsed_s"],
-        "requests_per_s": s["requests_per_s"],
-        "latency_p50_s": s["latency_p50_s"],
-        "latency_p95_s": s["latency_p95_s"],
-        "limit_end": s["concurrency_limit"],
-        "limit_range": [s.get("concurrency_lowest"), s.get("concurrency_highest")],
-        "changes": s["concurrency_changes"],
         "replicas": [
-            {"served": r.successes, "failures": r.failures, "cooldowns": r.cooldowns, "limit": r.limit}
-            for r in stats
+            {
+                "served": r.successes,
+                "failures": r.failures,
+                "cooldowns": r.cooldowns,
+                "limit": r.limit,
+                "range": None if limiter is None else [limiter.lowest, limiter.highest],
+                "changes": None if limiter is None else dict(limiter.changes),
+            }
+            for r, limiter in zip(stats, limits, strict=True)
         ],
     }
 
@@ -169,14 +175,18 @@ def pool_table(capacities: list[int], rows: list[dict[str, Any]]) -> str:
     names = " / ".join(str(c) for c in capacities)
     lines = [
         f"| concurrency | req/s | refused | lost | p50 ms | run limit at end (range) | served ({names}) "
-        f"| cool-downs | replica limits at end |",
+        f"| cool-downs | replica limits at end (range) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         adaptive = r["setting"].startswith("adaptive")
         limit = f"{r['limit_end']} ({r['limit_range'][0]}-{r['limit_range'][1]})" if adaptive else "-"
         reps = r["replicas"]
-        limits = " / ".join(str(x["limit"]) for x in reps) if reps[0]["limit"] is not None else "-"
+        limits = (
+            " / ".join(f"{x['limit']} ({x['range'][0]}-{x['range'][1]})" for x in reps)
+            if reps[0]["limit"] is not None
+            else "-"
+        )
         lines.append(
             f"| {r['setting']} | {r['requests_per_s']:.0f} | {r['refused']} | {r['requests'] - r['ok']} | "
             f"{r['latency_p50_s'] * 1000:.1f} | {limit} | {' / '.join(str(x['served']) for x in reps)} | "
