@@ -147,7 +147,7 @@ def pool_client(urls: list[str], capacities: list[int], setting: str, n: int) ->
 
     replicas = [ab.create_backend("tgi", url=u, token=False, max_connections=512) for u in urls]
     pool = ab.pool(replicas, capacities=capacities if setting.endswith("-capacities") else None)
-    target: Any = OneLimit(pool) if setting == "adaptive-one-limit" else pool
+    target: Any = OneLimit(pool) if setting.endswith("-one-limit") else pool
     one = setting.split("-")[0]
     concurrency = concurrency_of(setting.removesuffix("-one-limit")) if one == "adaptive" else int(one)
     figures = measure(target, setting, concurrency, n)
@@ -195,13 +195,15 @@ def pool_table(capacities: list[int], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_pool(capacities: list[int], latency: float, n: int, json_path: str | None) -> None:
+def run_pool(
+    capacities: list[int], latency: float, n: int, json_path: str | None, settings: list[str]
+) -> None:
     """The pool row: one refusing server per capacity, every setting in a fresh client process."""
     procs = [serve("refuse", c, latency) for c in capacities]
     urls = ",".join(url for _, url in procs) + "#" + ",".join(map(str, capacities))
     rows = []
     try:
-        for setting in POOL_SETTINGS:
+        for setting in settings:
             rows.append(run_setting(urls, setting, n, pool=True))
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -289,6 +291,7 @@ def main() -> None:
     parser.add_argument("--client", nargs=3, metavar=("URL", "SETTING", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--pool-client", nargs=3, metavar=("URLS", "SETTING", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--pool", type=int, nargs="+", metavar="CAPACITY", help="run the pool row alone")
+    parser.add_argument("--pool-settings", nargs="+", default=list(POOL_SETTINGS))
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--capacities", type=int, nargs="+", default=[24, 8, 96])
@@ -308,7 +311,7 @@ def main() -> None:
         )
         return
     if args.pool:
-        run_pool(args.pool, args.latency, args.requests, args.json)
+        run_pool(args.pool, args.latency, args.requests, args.json, args.pool_settings)
         return
     report: dict[str, list[dict[str, Any]]] = {}
     verdicts: list[str] = []
