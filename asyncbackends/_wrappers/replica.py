@@ -2,7 +2,8 @@
 
 A replica is ``healthy`` (takes attempts), ``cooling`` (cooled down after a fault, probed in the background
 until it is taken back) or ``refused`` (out of service for good). `is_replica_fault` decides whether an
-error cools the replica down; `sent_nothing` whether a failed attempt may go to another replica at once.
+error cools the replica down; `sent_nothing` whether a failed attempt may go to another replica at once;
+`for_retry` the error a fault is raised as.
 The router (`asyncbackends._wrappers.router`) drives the state changes.
 """
 

@@ -62,6 +62,7 @@ async def test_unequal_replicas_settle_each_at_its_own_capacity(make_server: Mak
     elif way == "limited":
         backend = ab.limited(pool, concurrency=SETTINGS)
     metrics = ab.RunMetrics()
+    metrics.track_replicas(pool)
     try:
         results = await ab.gather(
             backend, requests(600), concurrency=run_concurrency, retry=RETRY, metrics=metrics
@@ -80,6 +81,9 @@ async def test_unequal_replicas_settle_each_at_its_own_capacity(make_server: Mak
         refused = small.statuses[429] + large.statuses[429]
         assert refused <= 0.15 * 600, (small.statuses, large.statuses)
         assert sum(s.successes for s in stats.values()) == 600
+        tracked = metrics.summary()["replicas"]
+        assert (tracked[small.url]["limit"], tracked[large.url]["limit"]) == (small_limit, large_limit)
+        assert f"limit: {large_limit}" in metrics.format()
         assert stats[large.url].successes > stats[small.url].successes
         if way == "run":  # the run's own limit is the replicas' sum, moved when theirs moved
             assert metrics.concurrency_limit == small_limit + large_limit
