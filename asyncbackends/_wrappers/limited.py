@@ -195,7 +195,8 @@ def limited(
     Args:
         backend: The backend to wrap (any `AsyncBackend`, a wrapper included).
         concurrency: Most requests in flight through the wrapper at once; ``"adaptive"`` (or an
-            `AdaptiveConcurrency`) for one adaptive limit that every run's answers move; ``None`` for none.
+            `AdaptiveConcurrency`) for one adaptive limit that every run's answers move (around a pool, one
+            per replica, moved by that replica's answers, the wrapper holding their sum); ``None`` for none.
         rate_limit: Request and token rates shared by every run; ``None`` for none.
 
     Returns:
