@@ -37,7 +37,7 @@ from .errors import (
     RateLimitedError,
 )
 
-__all__ = ["AdaptiveConcurrency", "AdaptiveLimiter", "ChangeReason", "Ticket"]
+__all__ = ["AdaptiveConcurrency", "AdaptiveLimiter", "ChangeReason", "Ticket", "adaptive_limiter"]
 
 ChangeReason = Literal["rate_limited", "overloaded", "clean_round", "queueing"]
 """Why the limit moved: a 429 / overloaded answer, a 503 or refused connection, a round without either, or
@@ -155,6 +155,17 @@ class AdaptiveLimiter:
     def __repr__(self) -> str:
         return f"AdaptiveLimiter(limit={self.limit}, in_flight={self.in_flight}, {self.settings!r})"
 
+    def has_room(self) -> bool:
+        """Whether a slot is free now: below the limit, not paused, nobody waiting ahead."""
+        return self.in_flight < self.limit and not self._waiters and time.monotonic() >= self.paused_until
+
+    def try_acquire(self) -> Ticket | None:
+        """Take a slot if one is free now (see `has_room`), else ``None``; never waits."""
+        if not self.has_room():
+            return None
+        self.in_flight += 1
+        return Ticket(time.monotonic(), self._generation)
+
     async def acquire(self) -> Ticket:
         """Wait for a slot (and for any ``Retry-After`` pause to end) and take it."""
         while True:
@@ -162,9 +173,9 @@ class AdaptiveLimiter:
             if pause > 0:
                 await asyncio.sleep(pause)
                 continue
-            if self.in_flight < self.limit and not self._waiters:
-                self.in_flight += 1
-                return Ticket(time.monotonic(), self._generation)
+            ticket = self.try_acquire()
+            if ticket is not None:
+                return ticket
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -256,3 +267,21 @@ class AdaptiveLimiter:
             if not waiter.done():
                 waiter.set_result(None)
                 free -= 1
+
+
+def adaptive_limiter(
+    backend: object,
+    settings: AdaptiveConcurrency,
+    on_change: Callable[[int, ChangeReason], None] | None = None,
+) -> AdaptiveLimiter:
+    """The adaptive limit a run (or ``ab.limited``) holds its attempts to on ``backend``.
+
+    A backend that limits its own parts adaptively (a pool: one limit a replica) says which through an
+    ``_adaptive_limit(settings, on_change)`` method, so the two limits never fight; any other backend gets a
+    fresh `AdaptiveLimiter`.
+    """
+    own = getattr(backend, "_adaptive_limit", None)
+    if callable(own):
+        limiter: AdaptiveLimiter = own(settings, on_change)
+        return limiter
+    return AdaptiveLimiter(settings, on_change)

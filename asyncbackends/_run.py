@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket
+from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket, adaptive_limiter
 from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import TokenBucket, estimated_tokens
@@ -114,7 +114,7 @@ class Run:
             self.metrics.started = self.metrics.started or time.perf_counter()
         self.started = time.perf_counter()
         if self.adaptive is not None:
-            self.limiter = AdaptiveLimiter(self.adaptive, self.limit_changed)
+            self.limiter = adaptive_limiter(self.backend, self.adaptive, self.limit_changed)
         if self.metrics is not None:
             self.metrics.concurrency_limit = self.limiter.limit if self.limiter else self.concurrency
         loop = asyncio.get_running_loop()

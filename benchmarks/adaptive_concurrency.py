@@ -14,7 +14,13 @@ the end: against the refusing server of capacity 24, adaptive loses nothing, has
 refused and reaches at least 0.85x the best fixed setting's throughput; against a queueing server its p50 is
 within 1.5x of the best fixed setting's while its throughput is at least 0.9x of it.
 
-Usage: ``python benchmarks/adaptive_concurrency.py [--requests 1500 --capacities 8 24 96 --json out.json]``.
+The pool row (``--pool 8 24``) puts two refusing servers of unequal capacity behind one ``ab.pool`` and
+compares fixed run limits with ``concurrency="adaptive"`` (one adaptive limit per replica, their sum the
+run's) and with one adaptive limit for the whole pool (``adaptive-one-limit``: the pool behind a plain
+wrapper, as before per-replica limits), reporting each replica's share, cool-downs and final limit.
+
+Usage: ``python benchmarks/adaptive_concurrency.py [--requests 1500 --capacities 8 24 96 --json out.json]``;
+``--pool 8 24`` runs the pool row alone.
 Run it alone (``flock /tmp/heavy.lock``): client and server share the machine's cores.
 """
 
@@ -59,13 +65,10 @@ def concurrency_of(setting: str) -> Any:
 MAX_NEW_TOKENS = 16
 
 
-def client(url: str, setting: str, n: int) -> dict[str, Any]:
-    """One run in this (fresh) process; its figures as a dict."""
+def measure(backend: Any, setting: str, concurrency: Any, n: int) -> dict[str, Any]:
+    """Send ``n`` requests through ``backend`` in one run; the run's figures as a dict."""
     import asyncbackends as ab
 
-    concurrency = concurrency_of(setting)
-    connections = concurrency if isinstance(concurrency, int) else 512
-    backend = ab.create_backend("tgi", url=url, token=False, max_connections=connections)
     params = ab.SamplingParams(max_tokens=MAX_NEW_TOKENS)
     requests = [ab.GenerationRequest(f"benchmark prompt number {i}", params) for i in range(n)]
     metrics = ab.RunMetrics()
@@ -77,7 +80,6 @@ def client(url: str, setting: str, n: int) -> dict[str, Any]:
         return_exceptions=True,
         metrics=metrics,
     )
-    backend.close()
     s = metrics.summary()
     return {
         "setting": setting,
@@ -93,6 +95,125 @@ def client(url: str, setting: str, n: int) -> dict[str, Any]:
         "limit_range": [s.get("concurrency_lowest"), s.get("concurrency_highest")],
         "changes": s["concurrency_changes"],
     }
+
+
+def client(url: str, setting: str, n: int) -> dict[str, Any]:
+    """One run in this (fresh) process; its figures as a dict."""
+    import asyncbackends as ab
+
+    concurrency = concurrency_of(setting)
+    connections = concurrency if isinstance(concurrency, int) else 512
+    backend = ab.create_backend("tgi", url=url, token=False, max_connections=connections)
+    figures = measure(backend, setting, concurrency, n)
+    backend.close()
+    return figures
+
+
+POOL_SETTINGS = (
+    "16",
+    "32",
+    "32-capacities",
+    "adaptive",
+    "adaptive-nolatency",
+    "adaptive-one-limit",
+    "adaptive-nolatency-one-limit",
+)
+"""The pool row: fixed run limits on a plain pool (its replicas' capacities unknown, then told:
+``-capacities``, the oracle), per-replica adaptive limits (latency signal on, and off: ``-nolatency``), and
+one adaptive limit for the whole pool (``-one-limit``). Fixed
+limits above the capacities' sum are left out: on a plain pool every 429 cools its replica down (for up to a
+minute as the streak grows), so such a run takes minutes and measures the cool-downs."""
+
+
+class OneLimit:
+    """A pool behind a plain wrapper: a run's adaptive limit on it is one limit moved by every replica."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.name, self.capabilities = backend, backend.name, backend.capabilities
+
+    async def generate(self, request: Any) -> Any:
+        return await self.backend.generate(request)
+
+    async def loglikelihood(self, request: Any) -> Any:
+        return await self.backend.loglikelihood(request)
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+
+
+def pool_client(urls: list[str], capacities: list[int], setting: str, n: int) -> dict[str, Any]:
+    """One run against a pool of the servers at ``urls``, in this (fresh) process; its figures as a dict."""
+    import asyncbackends as ab
+
+    replicas = [ab.create_backend("tgi", url=u, token=False, max_connections=512) for u in urls]
+    pool = ab.pool(replicas, capacities=capacities if setting.endswith("-capacities") else None)
+    target: Any = OneLimit(pool) if setting.endswith("-one-limit") else pool
+    one = setting.split("-")[0]
+    concurrency = concurrency_of(setting.removesuffix("-one-limit")) if one == "adaptive" else int(one)
+    figures = measure(target, setting, concurrency, n)
+    stats = pool.replica_stats()
+    limits = [r.limiter for r in pool.router.replicas]
+    pool.close()
+    return {
+        **figures,
+        "refused": sum(s.failures for s in stats),
+        "replicas": [
+            {
+                "served": r.successes,
+                "failures": r.failures,
+                "cooldowns": r.cooldowns,
+                "limit": r.limit,
+                "range": None if limiter is None else [limiter.lowest, limiter.highest],
+                "changes": None if limiter is None else dict(limiter.changes),
+            }
+            for r, limiter in zip(stats, limits, strict=True)
+        ],
+    }
+
+
+def pool_table(capacities: list[int], rows: list[dict[str, Any]]) -> str:
+    names = " / ".join(str(c) for c in capacities)
+    lines = [
+        f"| concurrency | req/s | refused | lost | p50 ms | run limit at end (range) | served ({names}) "
+        f"| cool-downs | replica limits at end (range) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        adaptive = r["setting"].startswith("adaptive")
+        limit = f"{r['limit_end']} ({r['limit_range'][0]}-{r['limit_range'][1]})" if adaptive else "-"
+        reps = r["replicas"]
+        limits = (
+            " / ".join(f"{x['limit']} ({x['range'][0]}-{x['range'][1]})" for x in reps)
+            if reps[0]["limit"] is not None
+            else "-"
+        )
+        lines.append(
+            f"| {r['setting']} | {r['requests_per_s']:.0f} | {r['refused']} | {r['requests'] - r['ok']} | "
+            f"{r['latency_p50_s'] * 1000:.1f} | {limit} | {' / '.join(str(x['served']) for x in reps)} | "
+            f"{' / '.join(str(x['cooldowns']) for x in reps)} | {limits} |"
+        )
+    return "\n".join(lines)
+
+
+def run_pool(
+    capacities: list[int], latency: float, n: int, json_path: str | None, settings: list[str]
+) -> None:
+    """The pool row: one refusing server per capacity, every setting in a fresh client process."""
+    procs = [serve("refuse", c, latency) for c in capacities]
+    urls = ",".join(url for _, url in procs) + "#" + ",".join(map(str, capacities))
+    rows = []
+    try:
+        for setting in settings:
+            rows.append(run_setting(urls, setting, n, pool=True))
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    print(f"\n### pool of refusing servers, capacities {capacities}\n\n{pool_table(capacities, rows)}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({f"pool/{'+'.join(map(str, capacities))}": rows}, f, indent=1)
 
 
 def serve(mode: str, capacity: int, latency: float) -> tuple[subprocess.Popen[str], str]:
@@ -113,9 +234,9 @@ def serve(mode: str, capacity: int, latency: float) -> tuple[subprocess.Popen[st
     return proc, line.split()[-1]
 
 
-def run_setting(url: str, setting: str, n: int) -> dict[str, Any]:
+def run_setting(url: str, setting: str, n: int, *, pool: bool = False) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--client", url, setting, str(n)],
+        [sys.executable, __file__, "--pool-client" if pool else "--client", url, setting, str(n)],
         capture_output=True,
         text=True,
         check=True,
@@ -168,6 +289,9 @@ def checks(mode: str, capacity: int, rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", nargs=3, metavar=("URL", "SETTING", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--pool-client", nargs=3, metavar=("URLS", "SETTING", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--pool", type=int, nargs="+", metavar="CAPACITY", help="run the pool row alone")
+    parser.add_argument("--pool-settings", nargs="+", default=list(POOL_SETTINGS))
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--capacities", type=int, nargs="+", default=[24, 8, 96])
@@ -178,6 +302,16 @@ def main() -> None:
     if args.client:
         url, setting, n = args.client
         print(json.dumps(client(url, setting, int(n))))
+        return
+    if args.pool_client:
+        servers, setting, n = args.pool_client
+        urls, capacities = servers.split("#")
+        print(
+            json.dumps(pool_client(urls.split(","), [int(c) for c in capacities.split(",")], setting, int(n)))
+        )
+        return
+    if args.pool:
+        run_pool(args.pool, args.latency, args.requests, args.json, args.pool_settings)
         return
     report: dict[str, list[dict[str, Any]]] = {}
     verdicts: list[str] = []

@@ -108,6 +108,11 @@ class Instruments:
             unit="1",
             description="1 for the state a pool's replica is in, 0 for the states it left",
         )
+        self.replica_limit = meter.create_gauge(
+            "asyncbackends.replica.concurrency.limit",
+            unit="{request}",
+            description="Where a pool replica's own adaptive concurrency limit stands",
+        )
 
 
 _instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()

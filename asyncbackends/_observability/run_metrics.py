@@ -81,8 +81,9 @@ class RunMetrics:
     def replicas(self) -> dict[str, dict[str, Any]]:
         """Per-replica figures since `track_replicas`, by replica label.
 
-        Requests (attempts sent), successes, failures and cool-downs since then; in flight and state now.
-        Empty when no pool is tracked.
+        Requests (attempts sent), successes, failures and cool-downs since then; in flight and state now,
+        and ``limit``, the replica's own adaptive limit now, where the pool keeps one per replica. Empty when
+        no pool is tracked.
         """
         if self._replica_source is None:
             return {}
@@ -97,6 +98,8 @@ class RunMetrics:
                 "in_flight": s.in_flight,
                 "state": s.state,
             }
+            if s.limit is not None:
+                out[s.label]["limit"] = s.limit
         return out
 
     def _record_latency(self, seconds: float, queued: float) -> None:
@@ -187,8 +190,9 @@ class RunMetrics:
                 f"{s['concurrency_highest']}  changes: {moves}"
             )
         for label, r in s.get("replicas", {}).items():
+            limit = f"  limit: {r['limit']}" if "limit" in r else ""
             lines.append(
                 f"replica {label}: {r['state']}  requests: {r['requests']}  ok: {r['successes']}  "
-                f"failed: {r['failures']}  cool-downs: {r['cooldowns']}  in flight: {r['in_flight']}"
+                f"failed: {r['failures']}  cool-downs: {r['cooldowns']}  in flight: {r['in_flight']}{limit}"
             )
         return "\n".join(lines)

@@ -16,7 +16,8 @@ Metrics: ``gen_ai.client.operation.duration`` (s) and ``gen_ai.client.token.usag
 input / output) with the conventions' bucket boundaries, and the library's own:
 ``asyncbackends.requests.in_flight``, ``asyncbackends.slot.wait.duration``,
 ``asyncbackends.rate_limit.wait.duration``, ``asyncbackends.retries`` (by ``error.type``),
-``asyncbackends.cache.hits`` and ``asyncbackends.replica.state``.
+``asyncbackends.cache.hits``, ``asyncbackends.replica.state`` and, for a pool with per-replica adaptive
+limits, ``asyncbackends.replica.concurrency.limit``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .otel_instruments import DURATION_BUCKETS as DURATION_BUCKETS
 from .otel_instruments import TOKEN_BUCKETS as TOKEN_BUCKETS
 from .otel_instruments import instruments_of
 
-__all__ = ["capture_context", "otel_observer", "record_replica_state"]
+__all__ = ["capture_context", "otel_observer", "record_replica_limit", "record_replica_state"]
 
 IN_PROCESS = frozenset({"vllm", "mock"})
 """Backend names whose requests run in this process: their spans are INTERNAL, not CLIENT."""
@@ -350,3 +351,18 @@ def record_replica_state(pool: str, replica: str, state: str, previous: str | No
     if previous is not None and previous != state:
         gauge.set(0, {**attributes, "asyncbackends.replica.state": previous})
     gauge.set(1, {**attributes, "asyncbackends.replica.state": state})
+
+
+def record_replica_limit(pool: str, replica: str, limit: int, reason: str | None = None) -> None:
+    """Set the ``asyncbackends.replica.concurrency.limit`` gauge; a move (``reason``) is counted too.
+
+    Moves go to ``asyncbackends.concurrency.changes`` with the pool and replica among the attributes.
+    """
+    provider = _meter_provider()
+    if provider is None:
+        return
+    instruments = instruments_of(provider)
+    attributes = {"asyncbackends.pool": pool, "asyncbackends.replica": replica}
+    instruments.replica_limit.set(limit, attributes)
+    if reason is not None:
+        instruments.concurrency_changes.add(1, {**attributes, "asyncbackends.concurrency.reason": reason})

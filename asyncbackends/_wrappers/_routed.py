@@ -13,6 +13,9 @@ their replicas are built, read and lost; everything else is here, once:
   loop, whichever loop a caller awaits from (``asyncio.run``, a notebook, the shared loop itself).
 - **Closing**: `aclose` stops the probes and releases attempts waiting for a healthy replica; an attempt in
   flight when the backend closes ends with `BackendClosedError`, never retried.
+- **Adaptive concurrency**: a run with ``concurrency="adaptive"`` (or ``ab.limited`` with it) holds its
+  attempts to `_adaptive_limit`: the sum of one adaptive limit per replica, each moved only by its own
+  replica's answers, so one small server's refusals never cut what the others may take.
 - **Readiness**: `check_ready` returns while any replica is healthy, so a routed backend can itself be a
   replica (of a pool, say).
 """
@@ -20,8 +23,10 @@ their replicas are built, read and lost; everything else is here, once:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
+from .._adaptive import AdaptiveConcurrency, ChangeReason
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
@@ -36,6 +41,7 @@ from .._types import (
 )
 from ..errors import BackendClosedError, BackendError, BackendUnavailableError, RequestRejectedError
 from .replica import ReplicaStats
+from .replica_limits import PoolLimit
 from .router import Router
 
 __all__ = ["RoutedBackend"]
@@ -63,6 +69,21 @@ class RoutedBackend(BaseBackend):
     def replica_stats(self) -> list[ReplicaStats]:
         """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""
         return self._router.stats()
+
+    def _adaptive_limit(
+        self, settings: AdaptiveConcurrency, on_change: Callable[[int, ChangeReason], None] | None = None
+    ) -> PoolLimit:
+        """The adaptive limit a run (or ``ab.limited``) holds this backend's attempts to.
+
+        Per replica: each replica gets its own adaptive limit with ``settings`` (unless the backend has them
+        already, from ``replica_concurrency`` or an earlier run: they stay on), moved only by its answers.
+        The returned limit is their sum and learns nothing by itself, so it never fights them.
+
+        Args:
+            settings: The run's adaptive settings, used for each replica's limit when they are turned on.
+            on_change: Called with ``(new_sum, reason)`` each time the sum moves.
+        """
+        return PoolLimit(self._router.limit_replicas(settings), on_change)
 
     # -- requests ------------------------------------------------------------------------------------
 

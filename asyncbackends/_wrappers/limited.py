@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from .._adaptive import AdaptiveLimiter
+from .._adaptive import AdaptiveConcurrency, AdaptiveLimiter, ChangeReason, adaptive_limiter
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
 from .._loop import get_loop_manager
@@ -81,7 +81,7 @@ class LimitedBackend:
 
     def _make_state(self) -> None:
         if self._adaptive is not None:
-            self._limiter = AdaptiveLimiter(self._adaptive)
+            self._limiter = adaptive_limiter(self.backend, self._adaptive)
         elif isinstance(self.concurrency, int):
             self._slots = asyncio.Semaphore(self.concurrency)
         rate = self.rate_limit
@@ -125,8 +125,20 @@ class LimitedBackend:
 
     @property
     def limiter(self) -> AdaptiveLimiter | None:
-        """The shared adaptive limit (its ``limit``, ``changes``), once a request used it; else ``None``."""
+        """The shared adaptive limit (its ``limit``, ``changes``), once a request used it; else ``None``.
+
+        Around a pool it is the sum of the replicas' own limits (see `RoutedBackend._adaptive_limit`).
+        """
         return self._limiter
+
+    def _adaptive_limit(
+        self, settings: AdaptiveConcurrency, on_change: Callable[[int, ChangeReason], None] | None = None
+    ) -> AdaptiveLimiter:
+        """The adaptive limit a run holds this backend's attempts to: the wrapped backend's own way.
+
+        Around a pool, the sum of its per-replica limits; around any other backend, a fresh limit.
+        """
+        return adaptive_limiter(self.backend, settings, on_change)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """`AsyncBackend.generate` through the shared limits."""
@@ -183,7 +195,8 @@ def limited(
     Args:
         backend: The backend to wrap (any `AsyncBackend`, a wrapper included).
         concurrency: Most requests in flight through the wrapper at once; ``"adaptive"`` (or an
-            `AdaptiveConcurrency`) for one adaptive limit that every run's answers move; ``None`` for none.
+            `AdaptiveConcurrency`) for one adaptive limit that every run's answers move (around a pool, one
+            per replica, moved by that replica's answers, the wrapper holding their sum); ``None`` for none.
         rate_limit: Request and token rates shared by every run; ``None`` for none.
 
     Returns:

@@ -17,6 +17,11 @@ and checked by its probe before it is taken back (serving another model, it is r
 replicas of that model. Its ``capabilities`` are the replicas' common ones; ``max_concurrency`` is the sum of
 their capacities when every one is known.
 
+**Per-replica limits.** ``replica_concurrency="adaptive"`` (or an `AdaptiveConcurrency`) gives each replica
+its own adaptive concurrency limit, moved only by that replica's answers, so a pool of unequal servers
+settles each at its own capacity; a run with ``concurrency="adaptive"`` on a pool turns them on too (see
+docs/adaptive.md). ``replica_stats()`` shows each one's ``limit``.
+
 **Replicas file** (TOML, or JSON with the same shape): the pool's options at the top, one table per replica;
 ``capacity`` and ``label`` are the pool's, every other key goes to that replica's adapter.
 
@@ -43,6 +48,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._adaptive import AdaptiveConcurrency
 from .._loop import get_loop_manager
 from .._types import Request
 from ..errors import InvalidRequestError
@@ -75,7 +81,8 @@ class PoolBackend(RoutedBackend):
             ``capabilities.max_concurrency``); the router balances in-flight requests relative to them.
         labels: Each replica's name in reports (default: its URL, else ``name-index``).
         **router_options: `Router` options: ``cooldown``, ``max_cooldown``, ``wait``, ``probe_timeout``,
-            ``affinity_chars``, ``affinity_slack``, ``seed``.
+            ``affinity_chars``, ``affinity_slack``, ``seed``, ``replica_concurrency`` (``"adaptive"`` or an
+            `AdaptiveConcurrency`: one adaptive limit per replica, moved only by its own answers).
 
     Raises:
         InvalidRequestError: No replicas, an unknown routing, or bad router options.
@@ -138,11 +145,12 @@ class PoolBackend(RoutedBackend):
         probe_timeout: float | None = None,
         affinity_chars: int | None = None,
         affinity_slack: float | None = None,
+        replica_concurrency: str | AdaptiveConcurrency | None = None,
     ) -> PoolBackend:
         """Build every replica, then the pool, and check the replicas serve one model.
 
         ``replicas`` is a list of ``{"backend": name, **options}`` (or backend objects), or a replicas file.
-        Options given here override the replicas file's.
+        Options given here override the replicas file's (``replica_concurrency = "adaptive"`` in a file).
 
         Raises:
             InvalidRequestError: Bad replicas, or replicas serving different models (nothing sent).
@@ -160,6 +168,7 @@ class PoolBackend(RoutedBackend):
             probe_timeout=probe_timeout,
             affinity_chars=affinity_chars,
             affinity_slack=affinity_slack,
+            replica_concurrency=replica_concurrency,
         )
         options.update({k: v for k, v in given.items() if v is not None})
         unknown = set(options) - set(given)
@@ -299,6 +308,13 @@ def pool(
     **router_options: Any,
 ) -> PoolBackend:
     """Put replicas of one model behind one backend (see `PoolBackend`); `aclose` closes them.
+
+    ``replica_concurrency="adaptive"`` (a router option) gives each replica its own adaptive limit:
+
+    ```python
+    backend = ab.pool([small, large], replica_concurrency="adaptive")
+    [s.limit for s in backend.replica_stats()]   # each replica's limit, near its own capacity once settled
+    ```
 
     Called from sync code the replicas' models are read at once (on the shared loop); from a coroutine,
     before the first request (``await backend.ready()`` to do it sooner, or to check before a cached run).

@@ -2,7 +2,8 @@
 
 A replica is ``healthy`` (takes attempts), ``cooling`` (cooled down after a fault, probed in the background
 until it is taken back) or ``refused`` (out of service for good). `is_replica_fault` decides whether an
-error cools the replica down; `sent_nothing` whether a failed attempt may go to another replica at once.
+error cools the replica down; `sent_nothing` whether a failed attempt may go to another replica at once;
+`for_retry` the error a fault is raised as.
 The router (`asyncbackends._wrappers.router`) drives the state changes.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from .._adaptive import AdaptiveLimiter
 from ..errors import (
     BackendBrokenError,
     BackendClosedError,
@@ -23,7 +25,16 @@ from ..errors import (
     RateLimitedError,
 )
 
-__all__ = ["COOLING", "HEALTHY", "REFUSED", "Replica", "ReplicaStats", "is_replica_fault", "sent_nothing"]
+__all__ = [
+    "COOLING",
+    "HEALTHY",
+    "REFUSED",
+    "Replica",
+    "ReplicaStats",
+    "for_retry",
+    "is_replica_fault",
+    "sent_nothing",
+]
 
 HEALTHY, COOLING, REFUSED = "healthy", "cooling", "refused"
 
@@ -75,6 +86,17 @@ def is_replica_fault(exc: BaseException) -> bool:
     return isinstance(exc, Exception)
 
 
+def for_retry(replica: Replica, exc: Exception, others: bool) -> Exception:
+    """The error to raise for a fault of ``replica``: retryable while ``others`` can take the retry."""
+    if isinstance(exc, BackendError):
+        if others and not exc.retryable:
+            exc.retryable = True  # a dead or closed replica; the pool itself still serves
+        return exc
+    error = BackendError(f"replica {replica.label}: {type(exc).__name__}: {exc}", retryable=others)
+    error.__cause__ = exc
+    return error
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
     """One replica's figures at one moment (counters are since the router was built).
@@ -91,6 +113,9 @@ class ReplicaStats:
         cooldowns: Times it was cooled down.
         last_error: The last fault that cooled it down, in words.
         node: Where it runs now, where the backend knows (the Ray node id of a ``ray`` replica).
+        limit: Its own adaptive concurrency limit now, where the router keeps one per replica
+            (``replica_concurrency="adaptive"``, or a run with ``concurrency="adaptive"`` on the pool); else
+            ``None``.
     """
 
     label: str
@@ -103,6 +128,7 @@ class ReplicaStats:
     cooldowns: int
     last_error: str | None = None
     node: str | None = None
+    limit: int | None = None
 
 
 class Replica:
@@ -126,6 +152,7 @@ class Replica:
         "in_flight",
         "label",
         "last_error",
+        "limiter",
         "requests",
         "salt",
         "state",
@@ -146,10 +173,13 @@ class Replica:
         self._streak = 0  # faults in a row: the next cool-down is cooldown * 2 ** (streak - 1)
         self._epoch = 0  # bumped when taken back; a success only clears the streak if sent since
         self._probe: asyncio.Task[None] | None = None
+        self.limiter: AdaptiveLimiter | None = None  # its own adaptive limit, where the router keeps them
 
     @property
     def load(self) -> float:
-        """Requests in flight relative to capacity."""
+        """Requests in flight relative to its own adaptive limit where it has one, else to capacity."""
+        if self.limiter is not None:
+            return self.in_flight / self.limiter.limit
         return self.in_flight / self.weight
 
     def stats(self) -> ReplicaStats:
@@ -164,6 +194,7 @@ class Replica:
             self.failures,
             self.cooldowns,
             self.last_error,
+            limit=None if self.limiter is None else self.limiter.limit,
         )
 
     def __repr__(self) -> str:

@@ -26,6 +26,10 @@ What the router does with one attempt (`Router.call`):
   the next healthy replica inside the same attempt; any other replica fault is raised retryable while
   another replica is healthy, so `gather`'s retry goes elsewhere. With no healthy replica, an attempt waits
   up to ``wait`` seconds for one to be taken back before failing with `BackendUnavailableError`.
+- **Per-replica limits** (``replica_concurrency``, or `limit_replicas` for an adaptive run): each replica's
+  own adaptive limit (`asyncbackends._wrappers.replica_limits`); an attempt goes only to a replica with room
+  under it, else waits (untimed) for the first free slot. A 429 cuts that limit instead of cooling the
+  replica down, and the attempt goes at once to another replica with room, if one has.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
   replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
   its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
@@ -52,43 +56,34 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from .._clock import attempt_timed_out
+from .._adaptive import AdaptiveConcurrency
+from .._clock import attempt_timed_out, waiting_for_slot
 from .._observability.observe import note_replica
 from .._observability.telemetry import record_replica_state
 from .._types import GenerationRequest, Request, Result, SamplingParams
 from ..errors import (
     BackendClosedError,
-    BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
     InvalidRequestError,
+    RateLimitedError,
 )
 from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
 from .choice import ROUTINGS as ROUTINGS
 from .choice import Routing as Routing
 from .choice import affine, affinity_key, least_loaded
-from .replica import COOLING, HEALTHY, REFUSED
+from .replica import COOLING, HEALTHY, REFUSED, for_retry
 from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
 from .replica import is_replica_fault as is_replica_fault
 from .replica import sent_nothing as sent_nothing
+from .replica_limits import ReplicaLimits
+from .router_options import DEFAULTS, check, replica_adaptive_settings
+from .router_options import OPTIONS as OPTIONS
 
-__all__ = ["OPTIONS", "Router"]
+__all__ = ["Router"]
 
 log = logging.getLogger(__name__)
-
-# The router's tuning options (besides ``routing``) and their defaults, in `_check`'s order.
-_DEFAULTS: dict[str, Any] = {
-    "cooldown": 1.0,
-    "max_cooldown": 60.0,
-    "wait": 30.0,
-    "probe_timeout": 10.0,
-    "affinity_chars": 256,
-    "affinity_slack": 1.25,
-    "seed": None,
-}
-OPTIONS = tuple(_DEFAULTS)
-"""The router's tuning options (besides ``routing``), as `Router.check_options` accepts them."""
 
 _ids = itertools.count(1)
 
@@ -112,6 +107,8 @@ class Router:
         affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
             takes a request while it holds fewer than this times its share of the requests in flight.
         seed: Seed of the tie-breaking and sampling generator.
+        replica_concurrency: ``"adaptive"`` (or an `AdaptiveConcurrency`) for one adaptive limit per
+            replica, moved only by that replica's answers; ``None`` (default) for none.
         name: What the router's owner is (``"pool"``, ``"ray"``); the router's `name` is this plus a number
             unique in the process, the ``pool`` attribute its replicas' state is reported under.
 
@@ -132,11 +129,13 @@ class Router:
         affinity_chars: int = 256,
         affinity_slack: float = 1.25,
         seed: int | None = None,
+        replica_concurrency: str | AdaptiveConcurrency | None = None,
         name: str = "router",
     ) -> None:
         if not replicas:
             raise InvalidRequestError("a router needs at least one replica")
-        _check(routing, cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
+        tuning = (cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
+        check(routing, *tuning, replica_concurrency)
         self.replicas: list[Replica] = [
             r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
         ]
@@ -152,6 +151,19 @@ class Router:
         self.name = f"{name}-{next(_ids)}"
         for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
             record_replica_state(self.name, replica.label, replica.state)
+        self.limits: ReplicaLimits | None = None
+        settings = replica_adaptive_settings(replica_concurrency)
+        if settings is not None:
+            self.limit_replicas(settings)
+
+    def limit_replicas(self, settings: AdaptiveConcurrency) -> ReplicaLimits:
+        """Give every replica its own adaptive limit with ``settings``; the limits it has already, if any.
+
+        Once on, the limits stay: what they learned is each server's capacity, which the next run needs too.
+        """
+        if self.limits is None:
+            self.limits = ReplicaLimits(settings, self.replicas, self.name, self._wake)
+        return self.limits
 
     @classmethod
     def check_options(cls, routing: str = "least_loaded", **options: Any) -> None:
@@ -160,7 +172,7 @@ class Router:
         Args:
             routing: ``"least_loaded"`` or ``"affinity"``.
             **options: Any of ``cooldown``, ``max_cooldown``, ``wait``, ``probe_timeout``, ``affinity_chars``,
-                ``affinity_slack``, ``seed``.
+                ``affinity_slack``, ``seed``, ``replica_concurrency``.
 
         Raises:
             InvalidRequestError: An unknown routing or option, or a value out of range.
@@ -168,7 +180,7 @@ class Router:
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise InvalidRequestError(f"unknown router option(s) {unknown}; known: {', '.join(OPTIONS)}")
-        _check(routing, *(options.get(name, default) for name, default in _DEFAULTS.items()))
+        check(routing, *(options.get(name, default) for name, default in DEFAULTS.items()))
 
     # -- routing -------------------------------------------------------------------------------------
 
@@ -177,8 +189,10 @@ class Router:
         return [r for r in self.replicas if r.state == HEALTHY]
 
     def choose(self, request: Request, exclude: Sequence[Replica] = ()) -> Replica | None:
-        """The replica the next attempt of ``request`` goes to, or ``None`` when none is healthy."""
+        """The replica the next attempt of ``request`` goes to; ``None`` when none is healthy (with room)."""
         candidates = [r for r in self.replicas if r.state == HEALTHY and r not in exclude]
+        if self.limits is not None:
+            candidates = [r for r in candidates if self.limits.has_room(r)]
         if not candidates:
             return None
         if len(candidates) == 1:
@@ -210,46 +224,49 @@ class Router:
                 replica = await self._wait_for_replica(request, tried)
             tried.append(replica)
             note_replica(replica.label)  # the run's observers say which replica served the attempt
+            limits = self.limits
+            ticket = limits.take(replica) if limits is not None else None
+            outcome: BaseException | None = None  # what the replica's own limit learns from
             replica.in_flight += 1
             replica.requests += 1
             epoch = replica._epoch
             try:
                 result: Result = await getattr(replica.backend, method)(request)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                outcome = exc
                 if attempt_timed_out():
                     # gather's per-attempt timeout: a replica that accepts requests and never answers is at
                     # fault, else it looks idle once the cancel drops its in-flight count and gets the retry.
                     replica.failures += 1
-                    self.fault(replica, BackendTimeoutError("an attempt timed out on it"))
+                    outcome = BackendTimeoutError("an attempt timed out on it")
+                    self.fault(replica, outcome)
                 raise
             except Exception as exc:
+                outcome = exc
                 replica.failures += 1
                 if not is_replica_fault(exc):
+                    raise
+                if limits is not None and isinstance(exc, RateLimitedError):
+                    # Its own limit takes the refusal (cut, Retry-After paused) instead of a cool-down.
+                    if self.choose(request, tried) is not None:
+                        continue  # refused at its limit: another replica with room, same attempt
                     raise
                 self.fault(replica, exc)
                 if sent_nothing(exc) and any(r.state == HEALTHY for r in self.replicas if r not in tried):
                     continue  # refused before anything was sent: the next replica, same attempt
-                error = self._for_retry(replica, exc)
+                others = any(r.state != REFUSED for r in self.replicas if r is not replica)
+                error = for_retry(replica, exc, others)
                 if error is exc:
                     raise
                 raise error from exc
             finally:
                 replica.in_flight -= 1
+                if ticket is not None and limits is not None:
+                    limits.give(replica, ticket, outcome)
             replica.successes += 1
             if replica._epoch == epoch and replica.state == HEALTHY:
                 replica._streak = 0
             return result
-
-    def _for_retry(self, replica: Replica, exc: Exception) -> Exception:
-        """The error to raise for a replica fault: retryable while another replica can take the retry."""
-        others = any(r.state != REFUSED for r in self.replicas if r is not replica)
-        if isinstance(exc, BackendError):
-            if others and not exc.retryable:
-                exc.retryable = True  # a dead or closed replica; the pool itself still serves
-            return exc
-        error = BackendError(f"replica {replica.label}: {type(exc).__name__}: {exc}", retryable=others)
-        error.__cause__ = exc
-        return error
 
     async def _wait_for_replica(self, request: Request, tried: list[Replica]) -> Replica:
         loop = asyncio.get_running_loop()
@@ -268,6 +285,14 @@ class Router:
                     "every replica was refused: "
                     + "; ".join(f"{r.label}: {r.last_error}" for r in self.replicas)
                 )
+            room_wait = self.limits.room_wait() if self.limits is not None else None
+            if room_wait is not None:
+                # Healthy replicas, each at its own limit: wait for the first free slot (or the end of a
+                # Retry-After pause), untimed like any wait for a slot, then look again.
+                async with waiting_for_slot():
+                    await self._changed(None if room_wait == float("inf") else room_wait)
+                deadline = loop.time() + self.wait
+                continue
             left = deadline - loop.time()
             if left <= 0:
                 errors = "; ".join(f"{r.label}: {r.last_error or r.state}" for r in self.replicas)
@@ -275,9 +300,13 @@ class Router:
                     f"no healthy replica among {len(self.replicas)} after waiting {self.wait:g} s ({errors})",
                     request_id=request.request_id,
                 )
-            if self._taken_back is None or self._taken_back.done():
-                self._taken_back = loop.create_future()
-            await asyncio.wait([self._taken_back], timeout=left)
+            await self._changed(left)
+
+    async def _changed(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` seconds for a replica taken back or refused, or a slot freed."""
+        if self._taken_back is None or self._taken_back.done():
+            self._taken_back = asyncio.get_running_loop().create_future()
+        await asyncio.wait([self._taken_back], timeout=timeout)
 
     # -- health --------------------------------------------------------------------------------------
 
@@ -365,27 +394,3 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._wake()
-
-
-def _check(
-    routing: str,
-    cooldown: float,
-    max_cooldown: float,
-    wait: float,
-    probe_timeout: float,
-    affinity_chars: int,
-    affinity_slack: float,
-    seed: Any,  # anything `random.Random` takes
-) -> None:
-    """Raise `InvalidRequestError` for a router option out of range (see `Router.check_options`)."""
-    if routing not in ROUTINGS:
-        raise InvalidRequestError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-    for name, value in (("cooldown", cooldown), ("max_cooldown", max_cooldown), ("wait", wait)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise InvalidRequestError(f"{name} must be a number >= 0, got {value!r}")
-    if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
-        raise InvalidRequestError(f"probe_timeout must be a number > 0, got {probe_timeout!r}")
-    if not isinstance(affinity_slack, (int, float)) or not affinity_slack >= 1:
-        raise InvalidRequestError(f"affinity_slack must be a number >= 1, got {affinity_slack!r}")
-    if not isinstance(affinity_chars, int) or affinity_chars < 1:
-        raise InvalidRequestError(f"affinity_chars must be an int >= 1, got {affinity_chars!r}")
