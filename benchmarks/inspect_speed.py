@@ -1,11 +1,13 @@
 """inspect_ai end to end: our provider (`asyncbackends/vllm`, in process) versus inspect's `vllm` provider.
 
 The same inspect task (``--samples`` generated prompts, greedy, ``--max-tokens`` each, no scorer) on the tiny
-local model, each run a fresh ``inspect eval`` process; paths alternate ABBA round by round. The time is the
-whole command, from its start to its exit (the log written): imports, engine or server start-up and the
-evaluation, as a user sees it. Each round's ratio is inspect-vllm's time over ours; the parent prints every
-time, the ratios, their geometric mean and the CPU load, and compares every sample's output between the
-two providers.
+local model, each run a fresh ``inspect eval`` process, the two paths in ABBA order each round. The time is
+the whole command, from its start to its exit (the log written): imports, engine or server start-up and the
+evaluation, as a user sees it. Each process's time is also split by its log's ``started_at`` and
+``completed_at``: before (imports, and what the provider builds in ``get_model``: our engine), the eval
+(inspect's server, started lazily at the first request, falls in here) and after (closing, exiting); only
+the whole is comparable between the two. Ratios pair the k-th run of each path (inspect-vllm's time over
+ours); every sample's output is compared with our first run's.
 
     python benchmarks/inspect_speed.py                       # 300 samples, one ABBA round (4 processes)
     python benchmarks/inspect_speed.py --samples 200 --rounds 2
@@ -76,7 +78,10 @@ def _model_args(mode: str, model: str) -> tuple[str, list[str]]:
     return f"vllm/{model}", flat
 
 
-def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int) -> tuple[float, Path]:
+def _run(
+    mode: str, work: Path, model: str, args: argparse.Namespace, index: int
+) -> tuple[float, float, float, Path]:
+    """One fresh ``inspect eval``: its wall time, its start and end (epoch seconds), its log."""
     logs = work / f"logs-{mode}-{index}"
     name, model_args = _model_args(mode, model)
     command = [
@@ -105,17 +110,17 @@ def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int
     # This checkout first (the installed `inspect_ai` entry point names the module, found here).
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", INSPECT_LOG_LEVEL="warning")
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=args.timeout)
     elapsed = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     (log,) = logs.glob("*.json")
-    return elapsed, log
+    return elapsed, began, began + elapsed, log
 
 
-def _read(log: Path) -> tuple[dict[Any, str], float]:
-    """Each sample's output, and the eval's own time by its log (``started_at`` to ``completed_at``)."""
+def _read(log: Path) -> tuple[dict[Any, str], float, float]:
+    """Each sample's output, and when the eval started and completed by its log (epoch seconds)."""
     from datetime import datetime
 
     from inspect_ai.log import read_eval_log
@@ -125,7 +130,7 @@ def _read(log: Path) -> tuple[dict[Any, str], float]:
         raise SystemExit(f"{log}: {read.status} {read.error}")
     started = datetime.fromisoformat(read.stats.started_at)
     completed = datetime.fromisoformat(read.stats.completed_at)
-    return {s.id: s.output.completion for s in read.samples or []}, (completed - started).total_seconds()
+    return {s.id: s.output.completion for s in read.samples or []}, started.timestamp(), completed.timestamp()
 
 
 def _geomean(values: list[float]) -> float:
@@ -163,17 +168,22 @@ def main() -> None:
         for round_ in range(args.rounds):
             for mode in ("ours", "inspect-vllm", "inspect-vllm", "ours"):
                 load = os.getloadavg()[0]
-                elapsed, log = _run(mode, work, model, args, index)
+                elapsed, began, ended, log = _run(mode, work, model, args, index)
                 index += 1
-                got, eval_time = _read(log)
+                got, started, completed = _read(log)
+                # Before the log's start: imports and whatever the provider builds in get_model; after its
+                # end: closing the provider (engine or server) and exiting.
+                phases = (started - began, completed - started, ended - completed)
+                eval_time = phases[1]
                 if len(got) != args.samples:
                     raise SystemExit(f"{mode}: {len(got)} samples in the log, expected {args.samples}")
                 wall[mode].append(elapsed)
                 logged[mode].append(eval_time)
                 outputs[mode].append(got)
                 print(
-                    f"round {round_ + 1} {mode:13s} process {elapsed:6.1f} s  eval (log) {eval_time:6.1f} s"
-                    f"  (load before {load:.1f})",
+                    f"round {round_ + 1} {mode:13s} process {elapsed:6.1f} s = before the log's start "
+                    f"{phases[0]:5.1f} + eval (log) {phases[1]:5.1f} + after its end {phases[2]:5.1f}"
+                    f"  (load before {load:.1f}, after {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
 

@@ -92,8 +92,9 @@ def test_model_args_arrive_as_text_and_are_parsed_as_the_cli_parses_options(make
     assert api.connection_key().startswith("mock:echo-7:")
 
 
-def _one_sample_task() -> Task:
-    return Task(dataset=[Sample(input="hi", target="hi")], solver=[generate()])
+def _eval_one_sample(tmp_path: Path, model: str, model_args: dict[str, Any]) -> None:
+    task = Task(dataset=[Sample(input="hi", target="hi")], solver=[generate()])
+    eval(task, model=model, model_args=model_args, log_dir=str(tmp_path / "logs"), display="none")
 
 
 def test_a_model_model_arg_stops_inside_inspects_eval(tmp_path: Path) -> None:
@@ -101,26 +102,14 @@ def test_a_model_model_arg_stops_inside_inspects_eval(tmp_path: Path) -> None:
     # resolve_models): a `model` key cannot reach any provider. Should inspect lift this, the test fails
     # and docs/integrations/inspect.md's model-args section changes.
     with pytest.raises(TypeError, match="get_model\\(\\) got multiple values for keyword argument 'model'"):
-        eval(
-            _one_sample_task(),
-            model="asyncbackends/mock",
-            model_args={"model": "m"},
-            log_dir=str(tmp_path / "logs"),
-            display="none",
-        )
+        _eval_one_sample(tmp_path, "asyncbackends/mock", {"model": "m"})
     assert not (tmp_path / "logs").exists()  # stopped before any task ran
 
 
 def test_a_backend_needing_a_model_without_one_names_the_model_name_form(tmp_path: Path) -> None:
     # Where the provider is reached (no `model` in the name), the refusal says where the model goes.
     with pytest.raises(ab.InvalidRequestError) as info:
-        eval(
-            _one_sample_task(),
-            model="asyncbackends/vllm",
-            model_args={"enforce_eager": "true"},
-            log_dir=str(tmp_path / "logs"),
-            display="none",
-        )
+        _eval_one_sample(tmp_path, "asyncbackends/vllm", {"enforce_eager": "true"})
     message = str(info.value)
     assert "asyncbackends/vllm/<model>" in message
     assert "-M model=" in message
@@ -140,7 +129,7 @@ def test_the_cli_takes_the_model_in_the_name_and_stops_on_a_model_model_arg(tmp_
 
     def inspect_eval(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--display", "none", *args]
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=55)
 
     done = inspect_eval(
         "--model", "asyncbackends/mock/echo-1", "-M", "latency=0", "--log-dir", "ok", "--log-format", "json"
