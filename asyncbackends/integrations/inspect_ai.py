@@ -187,7 +187,8 @@ class AsyncBackendsAPI(ModelAPI):
         base_url: inspect's ``--model-base-url``: the backend's ``base_url`` or ``url`` option.
         api_key: The backend's ``api_key`` or ``token`` option.
         config: inspect's model config (the per-sample config arrives with each `generate`).
-        **model_args: The backend's options (``-M key=value``).
+        **model_args: The backend's options (``-M key=value``); never ``model``, a name inspect keeps for
+            itself (the model goes in ``model_name``).
     """
 
     def __init__(
