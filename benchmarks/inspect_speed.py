@@ -1,14 +1,16 @@
 """inspect_ai end to end: our provider (`asyncbackends/vllm`, in process) versus inspect's `vllm` provider.
 
 The same inspect task (``--samples`` generated prompts, greedy, ``--max-tokens`` each, no scorer) on the tiny
-local model, each run a fresh ``inspect eval`` process; paths alternate ABBA round by round. The time is the
-whole command, from its start to its exit (the log written): imports, engine or server start-up and the
-evaluation, as a user sees it. Each round's ratio is inspect-vllm's time over ours; the parent prints every
-time, the ratios, their geometric mean and the CPU load, and compares every sample's output between the
-two providers.
+local model, each run a fresh ``inspect eval`` process, the two paths in ABBA order each round. The time is
+the whole command, from its start to its exit (the log written): imports, engine or server start-up and the
+evaluation, as a user sees it. Each process's time is also split by its log's ``started_at`` and
+``completed_at``: before (imports, and what the provider builds in ``get_model``: our engine), the eval
+(inspect's server, started lazily at the first request, falls in here) and after (closing, exiting); only
+the whole is comparable between the two. Ratios pair the k-th run of each path (inspect-vllm's time over
+ours); every sample's output is compared with our first run's.
 
-    python benchmarks/inspect_speed.py                       # 300 samples, 2 rounds (A B B A A B B A)
-    python benchmarks/inspect_speed.py --samples 500 --rounds 3
+    python benchmarks/inspect_speed.py                       # 300 samples, one ABBA round (4 processes)
+    python benchmarks/inspect_speed.py --samples 200 --rounds 2
 
 Both get the same engine settings: dtype float32, enforce_eager, max_model_len 512, gpu_memory_utilization
 0.1, ``VLLM_CPU_KVCACHE_SPACE=1``, and the same ``--max-connections``. inspect's provider runs ``vllm serve``;
@@ -19,6 +21,7 @@ a ``vllm`` shim on ``PATH`` starts ``python -m vllm.entrypoints.openai.api_serve
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -75,7 +78,10 @@ def _model_args(mode: str, model: str) -> tuple[str, list[str]]:
     return f"vllm/{model}", flat
 
 
-def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int) -> tuple[float, Path]:
+def _run(
+    mode: str, work: Path, model: str, args: argparse.Namespace, index: int
+) -> tuple[float, float, float, Path]:
+    """One fresh ``inspect eval``: its wall time, its start and end (epoch seconds), its log."""
     logs = work / f"logs-{mode}-{index}"
     name, model_args = _model_args(mode, model)
     command = [
@@ -83,7 +89,7 @@ def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int
         "-m",
         "inspect_ai",
         "eval",
-        str(work / "task.py"),
+        "task.py",  # relative: inspect reads a task argument as a glob under the working directory
         "--model",
         name,
         *model_args,
@@ -101,27 +107,34 @@ def _run(mode: str, work: Path, model: str, args: argparse.Namespace, index: int
         "json",
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": f"{work / 'bin'}:{os.environ['PATH']}"}
-    # This checkout first, and the provider's entry point where the installed metadata lacks it.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(work / "meta"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    # This checkout first (the installed `inspect_ai` entry point names the module, found here).
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", INSPECT_LOG_LEVEL="warning")
-    start = time.perf_counter()
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    start, began = time.perf_counter(), time.time()
+    out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=args.timeout)
     elapsed = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     (log,) = logs.glob("*.json")
-    return elapsed, log
+    return elapsed, began, began + elapsed, log
 
 
-def _outputs(log: Path) -> dict[Any, str]:
+def _read(log: Path) -> tuple[dict[Any, str], float, float]:
+    """Each sample's output, and when the eval started and completed by its log (epoch seconds)."""
+    from datetime import datetime
+
     from inspect_ai.log import read_eval_log
 
     read = read_eval_log(str(log))
     if read.status != "success":
         raise SystemExit(f"{log}: {read.status} {read.error}")
-    return {s.id: s.output.completion for s in read.samples or []}
+    started = datetime.fromisoformat(read.stats.started_at)
+    completed = datetime.fromisoformat(read.stats.completed_at)
+    return {s.id: s.output.completion for s in read.samples or []}, started.timestamp(), completed.timestamp()
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def main() -> None:
@@ -131,7 +144,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both paths twice)")
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each runs both paths twice)")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
 
@@ -140,51 +153,59 @@ def main() -> None:
     model = str(build_tiny_model())
     with tempfile.TemporaryDirectory(prefix="inspect-speed-") as tmp:
         work = Path(tmp)
-        (work / "prompts.json").write_text(__import__("json").dumps(_prompts(args.samples)))
+        (work / "prompts.json").write_text(json.dumps(_prompts(args.samples)))
         (work / "task.py").write_text(TASK.format(prompts=str(work / "prompts.json")))
         (work / "bin").mkdir()
         shim = work / "bin" / "vllm"
         shim.write_text(SHIM.format(python=sys.executable))
         shim.chmod(0o755)
-        # An editable install made before the provider existed has no `inspect_ai` entry point: a
-        # metadata-only distribution declares it for the child processes (nothing installed).
-        meta = work / "meta" / "asyncbackends_inspect_benchmark-0.dist-info"
-        meta.mkdir(parents=True)
-        (meta / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: asyncbackends-inspect-benchmark\nVersion: 0\n"
-        )
-        (meta / "entry_points.txt").write_text(
-            "[inspect_ai]\nasyncbackends = asyncbackends.integrations.inspect_ai\n"
-        )
 
-        times: dict[str, list[float]] = {"ours": [], "inspect-vllm": []}
-        reference: dict[Any, str] | None = None
-        different = 0
-        order = [("ours", "inspect-vllm"), ("inspect-vllm", "ours")]
+        modes = ("ours", "inspect-vllm")
+        wall: dict[str, list[float]] = {mode: [] for mode in modes}
+        logged: dict[str, list[float]] = {mode: [] for mode in modes}
+        outputs: dict[str, list[dict[Any, str]]] = {mode: [] for mode in modes}
         index = 0
         for round_ in range(args.rounds):
-            for pair in order:
-                for mode in pair:
-                    load = os.getloadavg()[0]
-                    elapsed, log = _run(mode, work, model, args, index)
-                    index += 1
-                    times[mode].append(elapsed)
-                    outputs = _outputs(log)
-                    if reference is None:
-                        reference = outputs
-                    else:
-                        different = max(different, sum(outputs.get(k) != v for k, v in reference.items()))
-                    print(f"round {round_ + 1} {mode:13s} {elapsed:7.1f} s  (load {load:.1f})", flush=True)
+            for mode in ("ours", "inspect-vllm", "inspect-vllm", "ours"):
+                load = os.getloadavg()[0]
+                elapsed, began, ended, log = _run(mode, work, model, args, index)
+                index += 1
+                got, started, completed = _read(log)
+                # Before the log's start: imports and whatever the provider builds in get_model; after its
+                # end: closing the provider (engine or server) and exiting.
+                phases = (started - began, completed - started, ended - completed)
+                eval_time = phases[1]
+                if len(got) != args.samples:
+                    raise SystemExit(f"{mode}: {len(got)} samples in the log, expected {args.samples}")
+                wall[mode].append(elapsed)
+                logged[mode].append(eval_time)
+                outputs[mode].append(got)
+                print(
+                    f"round {round_ + 1} {mode:13s} process {elapsed:6.1f} s = before the log's start "
+                    f"{phases[0]:5.1f} + eval (log) {phases[1]:5.1f} + after its end {phases[2]:5.1f}"
+                    f"  (load before {load:.1f}, after {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
 
-        ratios = [b / a for a, b in zip(times["ours"], times["inspect-vllm"], strict=True)]
-        geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
-        print(f"ours:         {', '.join(f'{t:.1f}' for t in times['ours'])} s")
-        print(f"inspect-vllm: {', '.join(f'{t:.1f}' for t in times['inspect-vllm'])} s")
+        for mode in modes:
+            print(
+                f"{mode:13s} process: {', '.join(f'{t:.1f}' for t in wall[mode])} s; "
+                f"eval (log): {', '.join(f'{t:.1f}' for t in logged[mode])} s"
+            )
+        for what, times in (("process", wall), ("eval (log)", logged)):
+            ratios = [b / a for a, b in zip(times["ours"], times["inspect-vllm"], strict=True)]
+            print(
+                f"{what} ratios (inspect-vllm / ours): {', '.join(f'{r:.2f}' for r in ratios)}; "
+                f"geometric mean {_geomean(ratios):.2f}x"
+            )
+        # Every sample, every process, against our first run's output for that sample.
+        reference = outputs["ours"][0]
+        for mode in modes:
+            differing = [sum(run[k] != v for k, v in reference.items()) for run in outputs[mode]]
+            print(f"{mode:13s} samples differing from ours (first run), per process: {differing}")
         print(
-            f"ratios (inspect-vllm / ours): {', '.join(f'{r:.2f}' for r in ratios)}; "
-            f"geometric mean {geo:.2f}x"
+            f"samples: {args.samples}, max tokens {args.max_tokens}, max connections {args.max_connections}"
         )
-        print(f"samples: {args.samples}; samples whose output differs from the first run's: {different}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from asyncbackends._loop import get_loop_manager
 from asyncbackends._options import DEFAULT_CONCURRENCY
 from asyncbackends._parse import parse_option_value
 from asyncbackends._protocol import AsyncBackend
-from asyncbackends._registry import _factory, _load, _parameters, create_backend
+from asyncbackends._registry import _factory, _load, _parameters, create_backend, required_options
 from asyncbackends._results import Completion
 from asyncbackends._types import GenerationRequest
 from asyncbackends.errors import BackendError, InvalidRequestError, RateLimitedError
@@ -69,6 +69,13 @@ __all__ = ["AsyncBackendsAPI", "backend_options", "inspect_model"]
 _URL_OPTIONS = ("base_url", "url")
 _INSTANCE = "_asyncbackends_instance"  # the model arg `inspect_model` hands a built backend over in
 _KEY_OPTIONS = ("api_key", "token")
+# inspect's eval and get_model take `model` themselves (`get_model(model=m, **model_args)`): a `model` model
+# arg stops inside inspect with a TypeError before any provider is called, so the name is the only way in.
+_NO_MODEL = (
+    "backend {backend!r} needs a model: give it in the model name, asyncbackends/{backend}/<model> "
+    "(-M model=... and model_args={{'model': ...}} cannot reach the provider: inspect's get_model takes "
+    "`model` for itself and stops with a TypeError)"
+)
 
 
 def _accepted(backend: str) -> set[str] | None:
@@ -98,8 +105,9 @@ def backend_options(
     the CLI reads ``--option`` values (``"8"`` -> 8, ``"true"`` -> True, ``"[1, 2]"`` -> [1, 2]).
 
     Raises:
-        InvalidRequestError: The name has no backend, ``model`` is given twice with different values, or
-            a URL or key is given to a backend that takes none.
+        InvalidRequestError: The name has no backend, or no model for a backend that needs one (the
+            message names the ``asyncbackends/<backend>/<model>`` form), ``model`` is given twice with
+            different values, or a URL or key is given to a backend that takes none.
         BackendNotFoundError: Unknown backend, or its extra is not installed.
     """
     backend, _, rest = model_name.partition("/")
@@ -112,6 +120,8 @@ def backend_options(
                 f"model given twice: {rest!r} in the model name and {options['model']!r} in the model args"
             )
         options["model"] = rest
+    elif "model" not in options and "model" in required_options(backend):
+        raise InvalidRequestError(_NO_MODEL.format(backend=backend))
     if base_url is not None or api_key is not None:
         accepted = _accepted(backend)
         if base_url is not None:
@@ -177,7 +187,8 @@ class AsyncBackendsAPI(ModelAPI):
         base_url: inspect's ``--model-base-url``: the backend's ``base_url`` or ``url`` option.
         api_key: The backend's ``api_key`` or ``token`` option.
         config: inspect's model config (the per-sample config arrives with each `generate`).
-        **model_args: The backend's options (``-M key=value``).
+        **model_args: The backend's options (``-M key=value``); never ``model``, a name inspect keeps for
+            itself (the model goes in ``model_name``).
     """
 
     def __init__(

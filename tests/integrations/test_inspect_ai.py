@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ pytest.importorskip("inspect_ai")
 
 from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
-from inspect_ai.log import EvalLog
+from inspect_ai.log import EvalLog, read_eval_log
 from inspect_ai.model import GenerateConfig, Model, ResponseSchema, get_model
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate
@@ -89,10 +92,59 @@ def test_model_args_arrive_as_text_and_are_parsed_as_the_cli_parses_options(make
     assert api.connection_key().startswith("mock:echo-7:")
 
 
-def test_model_cannot_be_a_model_arg_in_inspect(make_model: Any) -> None:
-    # inspect's get_model has a `model` parameter of its own: the name's shorthand is the way (see docs).
-    with pytest.raises(TypeError, match="multiple values for argument 'model'"):
-        make_model("asyncbackends/mock", model="m")
+def _eval_one_sample(tmp_path: Path, model: str, model_args: dict[str, Any]) -> None:
+    task = Task(dataset=[Sample(input="hi", target="hi")], solver=[generate()])
+    eval(task, model=model, model_args=model_args, log_dir=str(tmp_path / "logs"), display="none")
+
+
+def test_a_model_model_arg_stops_inside_inspects_eval(tmp_path: Path) -> None:
+    # inspect resolves a model as get_model(model=m, ..., **model_args) (inspect_ai/model/_model.py,
+    # resolve_models): a `model` key cannot reach any provider. Should inspect lift this, the test fails
+    # and docs/integrations/inspect.md's model-args section changes.
+    with pytest.raises(TypeError, match="get_model\\(\\) got multiple values for keyword argument 'model'"):
+        _eval_one_sample(tmp_path, "asyncbackends/mock", {"model": "m"})
+    assert not (tmp_path / "logs").exists()  # stopped before any task ran
+
+
+def test_a_backend_needing_a_model_without_one_names_the_model_name_form(tmp_path: Path) -> None:
+    # Where the provider is reached (no `model` in the name), the refusal says where the model goes.
+    with pytest.raises(ab.InvalidRequestError) as info:
+        _eval_one_sample(tmp_path, "asyncbackends/vllm", {"enforce_eager": "true"})
+    message = str(info.value)
+    assert "asyncbackends/vllm/<model>" in message
+    assert "-M model=" in message
+    assert provider._shared == {}  # nothing built
+
+
+def test_the_cli_takes_the_model_in_the_name_and_stops_on_a_model_model_arg(tmp_path: Path) -> None:
+    (tmp_path / "task.py").write_text(
+        "from inspect_ai import Task, task\n"
+        "from inspect_ai.dataset import Sample\n"
+        "from inspect_ai.solver import generate\n\n"
+        "@task\n"
+        "def hi() -> Task:\n"
+        "    return Task(dataset=[Sample(input='Say hi')], solver=[generate()])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+    def inspect_eval(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--display", "none", *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=55)
+
+    done = inspect_eval(
+        "--model", "asyncbackends/mock/echo-1", "-M", "latency=0", "--log-dir", "ok", "--log-format", "json"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (log_file,) = (tmp_path / "ok").glob("*.json")
+    log = read_eval_log(str(log_file))
+    assert log.status == "success"
+    assert log.samples is not None and log.samples[0].output.completion == "user: Say hi"
+    assert log.eval.model == "asyncbackends/mock/echo-1"
+
+    stopped = inspect_eval("--model", "asyncbackends/mock", "-M", "model=echo-1", "--log-dir", "stopped")
+    assert stopped.returncode != 0
+    assert "got multiple values for keyword argument 'model'" in stopped.stderr
+    assert not (tmp_path / "stopped").exists()
 
 
 def test_the_rest_of_the_name_is_the_model_option(make_model: Any) -> None:
