@@ -34,6 +34,7 @@ __all__ = [
     "REQUEST_METHODS",
     "AsyncBackend",
     "BaseBackend",
+    "Closing",
     "Secret",
     "SupportsFingerprint",
     "SupportsRollingLoglikelihood",
@@ -134,7 +135,41 @@ def backend_method(backend: AsyncBackend, request_type: type[Request]) -> Backen
     return None if entry is None else entry[1](backend)
 
 
-class BaseBackend:
+class Closing:
+    """``close()`` and both context-manager forms, built on the class's own ``aclose()``.
+
+    Shared by `BaseBackend` and the wrappers that are backends without being `BaseBackend` subclasses
+    (``ab.limited``), so every backend the library hands out closes the same way from sync and async code.
+    """
+
+    async def aclose(self) -> None:
+        """Release the backend's resources (the subclass says how)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Blocking `aclose`, run on the shared loop: for sync code."""
+        from ._loop import get_loop_manager
+
+        get_loop_manager().run(self.aclose())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class BaseBackend(Closing):
     """An optional base for adapters: closed-state tracking and async context management.
 
     Subclasses set `name` and `capabilities`, implement `generate` (and `loglikelihood` when they can), call
@@ -208,28 +243,6 @@ class BaseBackend:
 
     async def _aclose(self) -> None:
         """Subclass hook: release resources. Called at most once."""
-
-    def close(self) -> None:
-        """Blocking `aclose`, run on the shared loop: for sync code."""
-        from ._loop import get_loop_manager
-
-        get_loop_manager().run(self.aclose())
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class Secret:

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from .._adaptive import AdaptiveConcurrency, AdaptiveLimiter, ChangeReason, adaptive_limiter
 from .._clock import held_slot, waiting_for_slot
 from .._limits import TokenBucket, estimated_tokens
 from .._loop import get_loop_manager
 from .._options import Concurrency, RateLimit, adaptive_settings
-from .._protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
+from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
 from .._types import (
     Capabilities,
     GenerationRequest,
@@ -38,7 +37,7 @@ __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 R = TypeVar("R")
 
 
-class LimitedBackend:
+class LimitedBackend(Closing):
     """A backend that sends through ``backend`` within limits shared by every caller.
 
     Build it with `limited`. Its name, capabilities and fingerprint are the wrapped backend's (so a cache
@@ -151,18 +150,6 @@ class LimitedBackend:
     async def aclose(self) -> None:
         """Close the wrapped backend."""
         await self.backend.aclose()
-
-    def close(self) -> None:
-        """Blocking `aclose`, run on the shared loop: for sync code."""
-        get_loop_manager().run(self.aclose())
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 class LimitedRollingBackend(LimitedBackend):
