@@ -28,7 +28,11 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.renderers import ChatParams, merge_kwargs
-    from vllm.renderers.chat_utils import make_tool_call_id
+
+    try:
+        from vllm.renderers.chat_utils import make_tool_call_id
+    except ImportError:  # vLLM <= 0.26 keeps it with the server's chat helpers (a GPU image's pinned vLLM)
+        from vllm.entrypoints.chat_utils import make_tool_call_id  # type: ignore[no-redef]
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.utils import get_json_schema_from_tools
