@@ -210,7 +210,7 @@ class RayBackend(RoutedBackend):
 
     @property
     def replicas(self) -> list[ActorSlot]:
-        """The replica slots not dropped (a slot being restarted included)."""
+        """The replica slots not dropped (a slot being restarted, or drained by a resize, included)."""
         return [slot for slot in self._slots if not slot.dropped]
 
     def replica_stats(self) -> list[ReplicaStats]:
@@ -375,6 +375,7 @@ class RayBackend(RoutedBackend):
             await self._router.drain(replica)
         await slot.aclose()
         self._slots.remove(slot)
+        self._events["resent"] += slot.unanswered  # still counted once the slot is gone
         if slot.group is self._group:
             self._free_bundles.append(slot.bundle)  # Ray cannot shrink a group: kept for the next grow
         else:
