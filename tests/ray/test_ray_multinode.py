@@ -250,7 +250,7 @@ def test_a_node_joined_mid_run_is_used_after_a_resize(cluster: LocalCluster, tmp
         )
     finally:
         if "node_c" in cluster.nodes and "node_c" not in cluster.killed:
-            cluster.kill("node_c")  # the other tests expect nodes A and B only
+            cluster.stop("node_c")  # the other tests expect nodes A and B only
             cluster.wait_for(lambda alive: "node_c" not in alive, "node C to be gone")
     assert sorted(out["before"]) == ["node_a", "node_a", "node_b"]
     assert sorted(out["grown"]) == ["node_a", "node_a", "node_b", "node_c"]  # the new node is used
