@@ -18,6 +18,9 @@ their replicas are built, read and lost; everything else is here, once:
   replica's answers, so one small server's refusals never cut what the others may take.
 - **Readiness**: `check_ready` returns while any replica is healthy, so a routed backend can itself be a
   replica (of a pool, say).
+- **Resizing**: a subclass that resizes (the ``ray`` backend's ``aresize``) adds replicas with `Router.add`
+  (routed to once their probe passes) and removes them with `Router.drain` (their in-flight attempts end
+  first); `replica_stats` shows a replica being removed as ``draining``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """A replica as the router sees it: its state, its live figures, and which errors are its fault.
 
-A replica is ``healthy`` (takes attempts), ``cooling`` (cooled down after a fault, probed in the background
-until it is taken back) or ``refused`` (out of service for good). `is_replica_fault` decides whether an
-error cools the replica down; `sent_nothing` whether a failed attempt may go to another replica at once;
-`for_retry` the error a fault is raised as.
-The router (`asyncbackends._wrappers.router`) drives the state changes.
+A replica is ``healthy`` (takes attempts), ``cooling`` (cooled down after a fault, or joining, probed in the
+background until it is taken in), ``draining`` (takes no new attempt; removed once its in-flight ones
+ended) or ``refused`` (out of service for good). ``removed`` is reported once a drained replica is gone.
+`is_replica_fault` decides whether an error cools the replica down; `sent_nothing` whether a failed attempt
+may go to another replica at once; `for_retry` the error a fault is raised as. The router
+(`asyncbackends._wrappers.router`, its base `asyncbackends._wrappers.replica_set`) drives the state changes.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from ..errors import (
 
 __all__ = [
     "COOLING",
+    "DRAINING",
     "HEALTHY",
     "REFUSED",
+    "REMOVED",
     "Replica",
     "ReplicaStats",
     "for_retry",
@@ -36,7 +39,8 @@ __all__ = [
     "sent_nothing",
 ]
 
-HEALTHY, COOLING, REFUSED = "healthy", "cooling", "refused"
+HEALTHY, COOLING, DRAINING, REFUSED = "healthy", "cooling", "draining", "refused"
+REMOVED = "removed"  # reported (telemetry, logs) once a drained replica is gone; never a live state
 
 # The errors that blame the replica whatever their retryable flag says.
 _FAULTS = (
@@ -103,8 +107,9 @@ class ReplicaStats:
 
     Attributes:
         label: The replica's name in reports (its URL for HTTP adapters).
-        state: ``"healthy"``, ``"cooling"`` (cooled down, probed in the background) or ``"refused"``
-            (its ``verify`` failed for good, for example it serves another model).
+        state: ``"healthy"``, ``"cooling"`` (cooled down or joining, probed in the background),
+            ``"draining"`` (being removed: takes no new attempt, its in-flight ones end first) or
+            ``"refused"`` (its ``verify`` failed for good, for example it serves another model).
         in_flight: Attempts running on it now.
         capacity: The concurrency it was given (or reported), ``None`` where unknown.
         requests: Attempts sent to it.

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from .._adaptive import AdaptiveConcurrency, AdaptiveLimiter, ChangeReason, Ticket
 from .._observability.telemetry import record_replica_limit
-from .replica import HEALTHY, REFUSED, Replica
+from .replica import DRAINING, HEALTHY, REFUSED, Replica
 
 __all__ = ["PoolLimit", "ReplicaLimits"]
 
@@ -32,7 +32,8 @@ class ReplicaLimits:
 
     Args:
         settings: Every replica's limiter settings.
-        replicas: The router's replicas; each gets its ``limiter``.
+        replicas: The router's replicas (its own list: a replica added later is seen); each gets its
+            ``limiter``, and one added later its own through `add`.
         pool: The router's name, under which the limits are reported.
         freed: Called when a slot frees up (or a limit grows), so attempts waiting for room look again.
     """
@@ -46,8 +47,12 @@ class ReplicaLimits:
         self.last_reason: ChangeReason = "clean_round"  # why a replica's limit last moved
         self._freed = freed
         for replica in replicas:
-            replica.limiter = AdaptiveLimiter(settings, functools.partial(self._changed, replica))
-            record_replica_limit(pool, replica.label, settings.initial)
+            self.add(replica)
+
+    def add(self, replica: Replica) -> None:
+        """Give ``replica`` its own limit, starting at the settings' initial value (a replica joining)."""
+        replica.limiter = AdaptiveLimiter(self.settings, functools.partial(self._changed, replica))
+        record_replica_limit(self.pool, replica.label, self.settings.initial)
 
     def _changed(self, replica: Replica, limit: int, reason: ChangeReason) -> None:
         self.last_reason = reason
@@ -55,8 +60,12 @@ class ReplicaLimits:
         log.debug("replica %s: adaptive limit %d (%s)", replica.label, limit, reason)
 
     def total(self) -> int:
-        """The sum of the limits of the replicas not refused for good."""
-        return sum(r.limiter.limit for r in self.replicas if r.state != REFUSED and r.limiter is not None)
+        """The sum of the limits of the replicas that take attempts: neither refused nor draining."""
+        return sum(
+            r.limiter.limit
+            for r in self.replicas
+            if r.state not in (REFUSED, DRAINING) and r.limiter is not None
+        )
 
     @staticmethod
     def has_room(replica: Replica) -> bool:

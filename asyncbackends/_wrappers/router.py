@@ -40,19 +40,22 @@ the shared loop, where `RoutedBackend` (`asyncbackends._wrappers._routed`) moves
 stops the probes and ends attempts waiting for a replica; closing the replicas is the owner's job. Each router
 reports its replicas' state under its own `Router.name`.
 
+- **Resizing**: `Router.add` takes a replica in while runs go (routed to once its first probe passes);
+  `Router.drain` routes nothing more to one and returns once its in-flight attempts ended, then removes it
+  (`asyncbackends._wrappers.replica_set`, with the health changes and probes).
+
 A replica's state, figures and fault rules live in `asyncbackends._wrappers.replica`, the two ways of
-choosing one in `asyncbackends._wrappers.choice`; this module ties them into the policy above (their public
-names are importable from here as well).
+choosing one in `asyncbackends._wrappers.choice`, its life (joined, cooled, probed, drained) in
+`asyncbackends._wrappers.replica_set`; this module ties them into the policy above (their public names are
+importable from here as well).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -60,7 +63,7 @@ from .._adaptive import AdaptiveConcurrency
 from .._clock import attempt_timed_out, waiting_for_slot
 from .._observability.observe import note_replica
 from .._observability.telemetry import record_replica_state
-from .._types import GenerationRequest, Request, Result, SamplingParams
+from .._types import Request, Result
 from ..errors import (
     BackendClosedError,
     BackendTimeoutError,
@@ -72,12 +75,13 @@ from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
 from .choice import ROUTINGS as ROUTINGS
 from .choice import Routing as Routing
 from .choice import affine, affinity_key, least_loaded
-from .replica import COOLING, HEALTHY, REFUSED, for_retry
+from .replica import DRAINING, HEALTHY, REFUSED, for_retry
 from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
 from .replica import is_replica_fault as is_replica_fault
 from .replica import sent_nothing as sent_nothing
 from .replica_limits import ReplicaLimits
+from .replica_set import ReplicaSet
 from .router_options import DEFAULTS, check, replica_adaptive_settings
 from .router_options import OPTIONS as OPTIONS
 
@@ -87,10 +91,8 @@ log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 
-_PROBE_REQUEST = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="asyncbackends-probe")
 
-
-class Router:
+class Router(ReplicaSet):
     """Routes attempts over replicas of one model; see the module docstring for the policy.
 
     Args:
@@ -136,9 +138,10 @@ class Router:
             raise InvalidRequestError("a router needs at least one replica")
         tuning = (cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
         check(routing, *tuning, replica_concurrency)
-        self.replicas: list[Replica] = [
+        self.replicas = [
             r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
         ]
+        self._labels = {r.label for r in self.replicas}
         self.routing = routing
         self.cooldown, self.max_cooldown, self.wait = float(cooldown), float(max_cooldown), float(wait)
         self.probe_timeout = float(probe_timeout)
@@ -254,7 +257,7 @@ class Router:
                 self.fault(replica, exc)
                 if sent_nothing(exc) and any(r.state == HEALTHY for r in self.replicas if r not in tried):
                     continue  # refused before anything was sent: the next replica, same attempt
-                others = any(r.state != REFUSED for r in self.replicas if r is not replica)
+                others = any(r.state not in (REFUSED, DRAINING) for r in self.replicas if r is not replica)
                 error = for_retry(replica, exc, others)
                 if error is exc:
                     raise
@@ -263,6 +266,7 @@ class Router:
                 replica.in_flight -= 1
                 if ticket is not None and limits is not None:
                     limits.give(replica, ticket, outcome)
+                self.attempt_ended(replica)
             replica.successes += 1
             if replica._epoch == epoch and replica.state == HEALTHY:
                 replica._streak = 0
@@ -301,96 +305,3 @@ class Router:
                     request_id=request.request_id,
                 )
             await self._changed(left)
-
-    async def _changed(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` seconds for a replica taken back or refused, or a slot freed."""
-        if self._taken_back is None or self._taken_back.done():
-            self._taken_back = asyncio.get_running_loop().create_future()
-        await asyncio.wait([self._taken_back], timeout=timeout)
-
-    # -- health --------------------------------------------------------------------------------------
-
-    def fault(self, replica: Replica, exc: BaseException) -> None:
-        """Cool ``replica`` down for ``exc`` and start probing it (nothing if it already cools down).
-
-        Many attempts failing together (a server gone with requests in flight) count as one fault.
-        """
-        if replica.state != HEALTHY or self._closed:
-            return
-        replica._streak += 1
-        length = min(self.max_cooldown, self.cooldown * 2.0 ** (replica._streak - 1))
-        retry_after = getattr(exc, "retry_after", None)
-        if isinstance(retry_after, (int, float)) and retry_after > length:
-            length = min(self.max_cooldown, float(retry_after))
-        replica.state = COOLING
-        record_replica_state(self.name, replica.label, COOLING, HEALTHY)
-        replica.cooldowns += 1
-        replica.cooled_until = time.monotonic() + length
-        replica.last_error = f"{type(exc).__name__}: {exc}"
-        log.info("replica %s cooled down for %.2f s: %s", replica.label, length, replica.last_error)
-        self._start_probe(replica)
-
-    def refuse(self, replica: Replica, reason: str) -> None:
-        """Take ``replica`` out of service for good (it serves another model, say)."""
-        record_replica_state(self.name, replica.label, REFUSED, replica.state)
-        replica.state = REFUSED
-        replica.last_error = reason
-        log.warning("replica %s refused: %s", replica.label, reason)
-        self._wake()
-
-    def _start_probe(self, replica: Replica) -> None:
-        if replica._probe is None or replica._probe.done():
-            replica._probe = asyncio.get_running_loop().create_task(self._probe(replica))
-
-    async def _probe(self, replica: Replica) -> None:
-        while not self._closed:
-            await asyncio.sleep(max(0.0, replica.cooled_until - time.monotonic()))
-            try:
-                await asyncio.wait_for(self._check(replica), self.probe_timeout)
-            except asyncio.CancelledError:
-                raise
-            except InvalidRequestError as exc:
-                self.refuse(replica, str(exc))
-                return
-            except Exception as exc:
-                replica._streak += 1
-                length = min(self.max_cooldown, self.cooldown * 2.0 ** (replica._streak - 1))
-                replica.cooled_until = time.monotonic() + length
-                replica.last_error = f"probe: {type(exc).__name__}: {exc}"
-                continue
-            replica.state = HEALTHY
-            record_replica_state(self.name, replica.label, HEALTHY, COOLING)
-            replica._epoch += 1
-            log.info("replica %s taken back", replica.label)
-            self._wake()
-            return
-
-    async def _check(self, replica: Replica) -> None:
-        check = getattr(replica.backend, "check_ready", None)
-        if callable(check):
-            await check()
-        else:
-            await replica.backend.generate(_PROBE_REQUEST)
-        if self.verify is not None:
-            await self.verify(replica)
-
-    def _wake(self) -> None:
-        if self._taken_back is not None and not self._taken_back.done():
-            self._taken_back.set_result(None)
-
-    # -- figures and lifecycle -----------------------------------------------------------------------
-
-    def stats(self) -> list[ReplicaStats]:
-        """Every replica's figures, in replica order."""
-        return [r.stats() for r in self.replicas]
-
-    async def aclose(self) -> None:
-        """Stop the background probes (idempotent). The replicas themselves are the owner's to close."""
-        self._closed = True
-        probes = [r._probe for r in self.replicas if r._probe is not None and not r._probe.done()]
-        for task in probes:
-            task.cancel()
-        for task in probes:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._wake()

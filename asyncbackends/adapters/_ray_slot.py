@@ -53,9 +53,12 @@ class ActorSlot:
     """One replica slot: the actor serving it now, restarted in place when it is lost.
 
     Args:
-        index: The slot's index (stable across restarts; its placement-group bundle).
+        index: The slot's index (stable across restarts, never reused by its backend: its label).
         started: The first actor and its start reply.
-        spawn: Starts a replacement actor for this index.
+        spawn: Starts a replacement actor: ``spawn(index, group, bundle)``.
+        group: The placement group holding the slot's reserved bundle (the start-up group, or one of its own
+            for a replica added by a resize).
+        bundle: The bundle's index in ``group``.
         on_lost: Told once per lost actor (the owner logs, counts, restarts or drops).
     """
 
@@ -64,10 +67,13 @@ class ActorSlot:
         index: int,
         started: Started,
         *,
-        spawn: Callable[[int], Awaitable[Started]],
+        spawn: Callable[[int, Any, int], Awaitable[Started]],
+        group: Any,
+        bundle: int,
         on_lost: Callable[[ActorSlot, BaseException], None] | None = None,
     ) -> None:
         self.index = index
+        self.group, self.bundle = group, bundle
         self.actor, self.info = started
         self.hosted: str = self.info["name"]
         self.capabilities: Capabilities = self.info["capabilities"]
@@ -76,6 +82,7 @@ class ActorSlot:
         self.unanswered = 0  # requests in flight on a lost actor, raised for the router to send elsewhere
         self._restart: asyncio.Task[None] | None = None
         self.dropped = False
+        self.draining = False  # being removed by a resize: a loss now drops it instead of restarting it
 
     @property
     def pid(self) -> int:
@@ -194,7 +201,7 @@ class ActorSlot:
 
         async def respawn() -> None:
             try:
-                self.actor, self.info = await self._spawn(self.index)
+                self.actor, self.info = await self._spawn(self.index, self.group, self.bundle)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

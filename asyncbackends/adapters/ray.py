@@ -19,31 +19,35 @@ attempt (they were never answered, so nothing is duplicated), and the replica is
 Start-up reserves one placement-group bundle per replica first, so a cluster too small for the request fails
 within ``placement_timeout`` with a message saying what is missing, instead of waiting forever; it then
 logs each replica as it is placed and as its engine becomes ready (``progress=True`` also draws a bar).
+
+`RayBackend.resize` (``aresize``) adds or removes replicas while runs go. A replica added gets a
+placement group of its own (one bundle, placed on any node with room: a node that joined since start-up
+included) unless a start-up bundle is free (a replica removed earlier left it), and is routed to once its
+probe passes. Removing drains the highest-index replicas (no new request goes to them; those in flight are
+answered) and then stops their actors: a replica's own group is removed at once; a start-up bundle stays
+reserved (Ray cannot shrink a placement group) for the next grow, until the backend closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import ray
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .._loop import get_loop_manager
 from .._types import Capabilities, Request
 from .._wrappers._routed import RoutedBackend
 from .._wrappers.replica import ReplicaStats
 from .._wrappers.router import Replica, Router
-from ..errors import BackendBrokenError, BackendUnavailableError, InvalidRequestError
-from ._ray_actor import ReplicaActor
+from ..errors import BackendUnavailableError, InvalidRequestError
 from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
-from ._ray_slot import ActorSlot, Started
+from ._ray_slot import ActorSlot
+from ._ray_start import Spawn, spawner, start_all
 
 __all__ = ["RayBackend"]
 
@@ -61,7 +65,10 @@ class RayBackend(RoutedBackend):
     Args:
         replicas: The replica slots, each with its started actor.
         cluster: The cluster, and whether this backend started it.
-        group: The placement group holding one bundle per replica.
+        group: The start-up placement group, holding one bundle per first replica.
+        spawn: Starts a replica's actor in a bundle (for restarts and `aresize`).
+        bundle: The resources one replica needs (a new replica's placement group).
+        placement_timeout: Seconds a grow waits for the cluster to hold a new replica.
         on_replica_loss: ``"restart"`` a lost replica in its bundle, or ``"drop"`` it.
         routing: The router's policy, ``"least_loaded"`` or ``"affinity"``.
         router_options: Other `Router` options (``cooldown``, ``wait``, ``probe_timeout``, ...).
@@ -75,6 +82,9 @@ class RayBackend(RoutedBackend):
         *,
         cluster: Cluster,
         group: PlacementGroup | None,
+        spawn: Spawn,
+        bundle: Mapping[str, float],
+        placement_timeout: float = 120.0,
         on_replica_loss: OnReplicaLoss = "restart",
         routing: str = "least_loaded",
         router_options: Mapping[str, Any] | None = None,
@@ -85,7 +95,11 @@ class RayBackend(RoutedBackend):
         self._cluster, self._group = cluster, group
         self.on_replica_loss: OnReplicaLoss = on_replica_loss
         self._slots = list(replicas)
-        capacity = first.capabilities.max_concurrency
+        self._spawn, self._bundle, self._placement_timeout = spawn, dict(bundle), placement_timeout
+        self._next_index = 1 + max(slot.index for slot in replicas)  # indexes (and labels) are never reused
+        self._free_bundles: list[int] = []  # start-up bundles whose replica a resize removed
+        self._resizing: asyncio.Lock | None = None
+        self._capacity = capacity = first.capabilities.max_concurrency
         self._router = Router(
             [Replica(slot, label=f"ray-{slot.index}", capacity=capacity) for slot in self._slots],
             routing=routing,
@@ -166,14 +180,18 @@ class RayBackend(RoutedBackend):
         cluster = await connect(address, init_options or {}, connect_timeout)
         group: PlacementGroup | None = None
         try:
-            group = await reserve(replicas, bundle_for(ray_options), strategy, placement_timeout)
-            spawn = _spawner(group, ray_options, backend, hosted_options, start_timeout)
-            started = await _start_all(spawn, replicas, progress)
-            slots = [ActorSlot(i, one, spawn=spawn) for i, one in enumerate(started)]
+            bundle = bundle_for(ray_options)
+            group = await reserve(replicas, bundle, strategy, placement_timeout)
+            spawn = spawner(ray_options, backend, hosted_options, start_timeout)
+            started = await start_all(spawn, [(i, group, i) for i in range(replicas)], progress)
+            slots = [ActorSlot(i, one, spawn=spawn, group=group, bundle=i) for i, one in enumerate(started)]
             return cls(
                 slots,
                 cluster=cluster,
                 group=group,
+                spawn=spawn,
+                bundle=bundle,
+                placement_timeout=placement_timeout,
                 on_replica_loss=on_replica_loss,
                 routing=routing,
                 router_options=router_options,
@@ -192,17 +210,18 @@ class RayBackend(RoutedBackend):
 
     @property
     def replicas(self) -> list[ActorSlot]:
-        """The replica slots not dropped (a slot being restarted included)."""
+        """The replica slots not dropped (a slot being restarted, or drained by a resize, included)."""
         return [slot for slot in self._slots if not slot.dropped]
 
     def replica_stats(self) -> list[ReplicaStats]:
         """Each replica's figures as the router sees them, with the Ray node its actor runs on now.
 
-        A replica restarted after its node was lost shows its new node; one dropped is ``"refused"``.
+        A replica restarted after its node was lost shows its new node; one dropped is ``"refused"``; one
+        being removed by a resize is ``"draining"`` until its in-flight requests are answered.
         """
         return [
-            dataclasses.replace(stats, node=slot.info.get("node_id"))
-            for stats, slot in zip(self._router.stats(), self._slots, strict=True)
+            dataclasses.replace(replica.stats(), node=replica.backend.info.get("node_id"))
+            for replica in self._router.replicas
         ]
 
     @property
@@ -227,11 +246,15 @@ class RayBackend(RoutedBackend):
     # -- losses ----------------------------------------------------------------------------------------
 
     def _replica(self, slot: ActorSlot) -> Replica:
-        return self._router.replicas[self._slots.index(slot)]
+        return next(r for r in self._router.replicas if r.backend is slot)
 
     def _lost(self, slot: ActorSlot, exc: BaseException) -> None:
         self._events["lost"] += 1
         if self._closed:
+            return
+        if slot.draining:  # being removed: its in-flight requests go to the others, nothing restarts
+            log.warning("ray: replica %d lost while draining; it is removed", slot.index)
+            slot.drop()
             return
         restart = self.on_replica_loss == "restart"
         log.warning(
@@ -259,86 +282,113 @@ class RayBackend(RoutedBackend):
             "ray: replica %d restarted (pid %s); taken back once its probe passes", slot.index, slot.pid
         )
 
+    # -- resizing --------------------------------------------------------------------------------------
+
+    def resize(self, replicas: int) -> None:
+        """Blocking `aresize`, run on the shared loop: for sync code."""
+        get_loop_manager().run(self.aresize(replicas))
+
+    async def aresize(self, replicas: int) -> None:
+        """Grow or shrink to ``replicas`` replicas while runs go; return once the change is done.
+
+        Growing starts the new actors (each in a free start-up bundle, else in a placement group of its own
+        on any node with room, a node that joined the cluster since start-up included) and returns once
+        every one is routed to. Shrinking drains the highest-index replicas: no new request goes to them,
+        their in-flight requests are answered (none is cut or resent), then their actors are stopped and
+        their resources released. Replicas lost and dropped are removed first, so they are made up for.
+        Concurrent calls run one after the other, in call order; cancelling one leaves it to finish.
+
+        Args:
+            replicas: The number of replicas wanted, ``>= 1``.
+
+        Raises:
+            InvalidRequestError: ``replicas`` is not an int ``>= 1``.
+            BackendClosedError: The backend is closed.
+            BackendUnavailableError: The cluster cannot hold the new replicas within ``placement_timeout``
+                (nothing is added then).
+            BackendError: A new replica's hosted backend failed to start (nothing is added then).
+        """
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise InvalidRequestError(f"replicas must be an int >= 1, got {replicas!r}")
+        self._check_open()
+        await get_loop_manager().arun(self._resize_shielded(replicas))
+
+    async def _resize_shielded(self, replicas: int) -> None:
+        # Half a resize (actors started but not routed, replicas drained but not stopped) helps nobody.
+        await asyncio.shield(asyncio.ensure_future(self._resize(replicas)))
+
+    async def _resize(self, replicas: int) -> None:
+        if self._resizing is None:
+            self._resizing = asyncio.Lock()
+        async with self._resizing:
+            self._check_open()
+            await asyncio.gather(*(self._remove(slot) for slot in self._slots if slot.dropped))
+            live = sorted(self._slots, key=lambda slot: slot.index)
+            before = len(live)
+            if replicas > before:
+                await self._grow(replicas - before)
+            elif replicas < before:
+                await self._shrink(live[replicas:])
+            total = self._capacity * replicas if self._capacity else None
+            self.capabilities = dataclasses.replace(self.capabilities, max_concurrency=total)
+            log.info("ray: resized from %d to %d replica(s)", before, replicas)
+
+    async def _grow(self, count: int) -> None:
+        reused = [self._free_bundles.pop(0) for _ in range(min(count, len(self._free_bundles)))]
+        reserving = [
+            reserve(1, self._bundle, "PACK", self._placement_timeout) for _ in range(count - len(reused))
+        ]
+        reserved = await asyncio.gather(*reserving, return_exceptions=True)
+        groups = [group for group in reserved if isinstance(group, PlacementGroup)]
+        start_up = [(self._group, bundle) for bundle in reused if self._group is not None]
+        bundles = start_up + [(group, 0) for group in groups]
+        places = [(self._next_index + i, group, bundle) for i, (group, bundle) in enumerate(bundles)]
+        try:
+            failed = next((e for e in reserved if isinstance(e, BaseException)), None)
+            if failed is not None:
+                raise failed
+            started = await start_all(self._spawn, places)
+        except BaseException:
+            self._free_bundles = sorted(self._free_bundles + reused)
+            await asyncio.gather(*(release(group) for group in groups), return_exceptions=True)
+            raise
+        self._next_index += count
+        added = []
+        for (index, group, bundle), one in zip(places, started, strict=True):
+            slot = ActorSlot(index, one, spawn=self._spawn, group=group, bundle=bundle, on_lost=self._lost)
+            self._slots.append(slot)
+            added.append(self._router.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity)))
+            log.info("ray: replica %d added on node %s", index, slot.info.get("node_id"))
+        await asyncio.gather(*(self._router.taken_in(replica) for replica in added))
+
+    async def _shrink(self, slots: list[ActorSlot]) -> None:
+        for slot in slots:
+            slot.draining = True
+        log.info("ray: draining replica(s) %s", ", ".join(str(slot.index) for slot in slots))
+        await asyncio.gather(*(self._remove(slot) for slot in slots))
+
+    async def _remove(self, slot: ActorSlot) -> None:
+        """Drain ``slot``'s replica from the router, stop its actor and release (or keep) its bundle."""
+        slot.draining = True
+        replica = next((r for r in self._router.replicas if r.backend is slot), None)
+        if replica is not None:
+            await self._router.drain(replica)
+        await slot.aclose()
+        self._slots.remove(slot)
+        self._events["resent"] += slot.unanswered  # still counted once the slot is gone
+        if slot.group is self._group:
+            self._free_bundles.append(slot.bundle)  # Ray cannot shrink a group: kept for the next grow
+        else:
+            await release(slot.group)
+        log.info("ray: replica %d removed", slot.index)
+
     # -- lifetime --------------------------------------------------------------------------------------
 
     async def _close_replicas(self) -> None:
         await asyncio.gather(*(slot.aclose() for slot in self._slots), return_exceptions=True)
+        for slot in self._slots:
+            if slot.group is not self._group:
+                await release(slot.group)
         await release(self._group)
         self._group = None
         await self._cluster.shutdown()
-
-
-def _spawner(
-    group: PlacementGroup,
-    ray_options: Mapping[str, Any],
-    backend: str,
-    hosted_options: Mapping[str, Any],
-    start_timeout: float | None,
-) -> Callable[[int], Awaitable[Started]]:
-    """A function starting the actor of replica ``index`` in its bundle, reporting progress in the log."""
-    actor_class: Any = ray.remote(ReplicaActor)  # Ray's generic handle types do not model .options()
-
-    async def spawn(index: int) -> Started:
-        strategy = PlacementGroupSchedulingStrategy(
-            group, placement_group_bundle_index=index, placement_group_capture_child_tasks=True
-        )
-        actor = actor_class.options(
-            scheduling_strategy=strategy, max_restarts=0, max_task_retries=0, **ray_options
-        ).remote(index)
-        try:
-            where = await actor.where.remote()
-            log.info("ray: replica %d placed on %s (pid %s)", index, where["host"], where["pid"])
-            began = time.monotonic()
-            starting = actor.start.remote(backend, dict(hosted_options))
-            ok, value = await asyncio.wait_for(starting, start_timeout)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            if isinstance(exc, TimeoutError):
-                raise BackendUnavailableError(
-                    f"Ray replica {index}: backend {backend!r} did not start in {start_timeout} s",
-                    backend="ray",
-                ) from None
-            if isinstance(exc, ray.exceptions.RayError):
-                raise BackendBrokenError(
-                    f"Ray replica {index} died starting backend {backend!r}: {exc}", backend="ray"
-                ) from exc
-            raise
-        if not ok:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            raise value
-        log.info("ray: replica %d ready: %s in %.1f s", index, value["name"], time.monotonic() - began)
-        return actor, value
-
-    return spawn
-
-
-async def _start_all(
-    spawn: Callable[[int], Awaitable[Started]], replicas: int, progress: bool
-) -> list[Started]:
-    """Start every replica at once; on any failure (or cancellation) kill the ones that started."""
-    bar: Any = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=replicas, desc="ray replicas ready", unit="replica")
-    tasks = [asyncio.ensure_future(spawn(i)) for i in range(replicas)]
-    try:
-        for finished in asyncio.as_completed(tasks):
-            await finished
-            if bar is not None:
-                bar.update(1)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, tuple):
-                with contextlib.suppress(Exception):
-                    ray.kill(outcome[0], no_restart=True)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    return [task.result() for task in tasks]

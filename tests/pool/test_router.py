@@ -187,3 +187,84 @@ def test_affinity_keeps_a_prefix_on_one_replica_bounded_by_load() -> None:
     first.in_flight = 6  # over 1.25x its share of the 7 in flight: the prefix's next replica takes it
     other = router.choose(req(shot + "Q: 9+9?"))
     assert other is not first
+
+
+# -- resizing: replicas added and drained while attempts go ---------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() -> None:
+    first = Stub("a")
+    first.gate = asyncio.Event()
+    router = Router([first], cooldown=0.01)
+    running = [asyncio.ensure_future(router.call("generate", req(rid=f"r{i}"))) for i in range(3)]
+    await until(lambda: first.calls == 3)
+    late = Stub("b", ready=False)
+    added = router.add(late)
+    assert added.label == "replica-1"  # unique: one past the labels used
+    assert [(s.label, s.state) for s in router.stats()] == [
+        ("replica-0", "healthy"),
+        ("replica-1", "cooling"),
+    ]
+    assert "joining" in (added.last_error or "")
+    await until(lambda: late.probes >= 2)  # probed, not ready yet: no attempt goes to it meanwhile
+    running += [asyncio.ensure_future(router.call("generate", req(rid=f"w{i}"))) for i in range(2)]
+    await until(lambda: first.calls == 5)
+    assert late.calls == 0 and added.state == "cooling"
+    late.ready = True
+    await router.taken_in(added)
+    assert added.state == "healthy"
+    # "a" holds five attempts: the next ones go to the replica taken in (least loaded).
+    answers = [await router.call("generate", req(rid=f"n{i}")) for i in range(3)]
+    assert [r.text for r in answers] == ["b", "b", "b"]  # type: ignore[union-attr]
+    first.gate.set()
+    assert [r.text for r in await asyncio.gather(*running)] == ["a"] * 5  # type: ignore[union-attr]
+    with pytest.raises(ab.InvalidRequestError, match="used already"):
+        router.add(Stub("c"), label="replica-0")
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_gone() -> None:
+    stubs = [Stub("a"), Stub("b")]
+    for stub in stubs:
+        stub.gate = asyncio.Event()
+    router = Router(stubs, seed=1)
+    leaving = router.replicas[1]
+    running = [asyncio.ensure_future(router.call("generate", req(rid=f"r{i}"))) for i in range(4)]
+    await until(lambda: stubs[0].calls == 2 and stubs[1].calls == 2)  # least loaded: two each
+    draining = asyncio.ensure_future(router.drain(leaving))
+    await until(lambda: leaving.state == "draining")
+    assert [(s.state, s.in_flight) for s in router.stats()] == [("healthy", 2), ("draining", 2)]
+    running += [asyncio.ensure_future(router.call("generate", req(rid=f"w{i}"))) for i in range(4)]
+    await until(lambda: stubs[0].calls == 6)
+    assert stubs[1].calls == 2 and leaving.requests == 2  # nothing new routed to it
+    assert not draining.done()  # it still holds two attempts
+    stubs[1].gate.set()
+    await draining  # returns once its two attempts were answered
+    assert leaving.in_flight == 0 and leaving.successes == 2
+    assert [r.label for r in router.replicas] == ["replica-0"]
+    stubs[0].gate.set()
+    results = await asyncio.gather(*running)
+    # Nothing lost: every attempt answered once, the drained replica's two by it.
+    assert [r.request_id for r in results] == [f"r{i}" for i in range(4)] + [f"w{i}" for i in range(4)]
+    assert sorted(r.text for r in results) == ["a"] * 6 + ["b"] * 2  # type: ignore[union-attr]
+    with pytest.raises(ab.InvalidRequestError, match="used already"):
+        router.add(Stub("again"), label="replica-1")  # a removed replica's name is not reused
+    with pytest.raises(ab.InvalidRequestError, match="not in"):
+        await router.drain(leaving)
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_per_replica_limits_follow_replicas_added_and_drained() -> None:
+    router = Router([Stub("a")], replica_concurrency=ab.AdaptiveConcurrency(initial=4, min=1, max=16))
+    limits = router.limits
+    assert limits is not None and limits.total() == 4
+    added = router.add(Stub("b"))
+    await router.taken_in(added)
+    assert added.limiter is not None and router.stats()[1].limit == 4
+    assert limits.total() == 8
+    await router.drain(added)
+    assert limits.total() == 4
+    await router.aclose()

@@ -146,6 +146,18 @@ class LocalCluster:
             os.killpg(self.pgid(name), signal.SIGKILL)
         self.nodes[name].wait(timeout=30)
 
+    def stop(self, name: str) -> None:
+        """End node ``name`` cleanly (SIGTERM: ``ray start --block`` stops its processes) and wait for it."""
+        self.killed.add(name)
+        process = self.nodes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
     def close(self) -> list[str]:
         """End every node (workers first, the head last) and return what is left running (nothing)."""
         for name in reversed(list(self.nodes)):

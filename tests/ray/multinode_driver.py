@@ -5,6 +5,10 @@ only, so the run against the multi-node cluster happens here. It joins through `
 requests, kills the node named ``kill`` (by its process group, given by the test that started it) once that
 node's replica holds requests in flight, and writes what it saw to ``CONFIG.out.json``: the results, the
 replicas' nodes before and after, ``replica_stats()`` and ``replica_events``.
+
+With ``grow`` in the config, the run is held by the replicas' gate file once ``after`` requests are answered;
+the driver writes ``ready_file``, waits for the test to write ``added_file`` (it starts a node meanwhile),
+resizes the backend to ``to`` replicas (``grown``: the replicas' nodes then) and lets the run go on.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
     results: list[Any] = [None] * len(requests)
     kill = config.get("kill")
     killed = False
+    grow = config.get("grow")
+    growing = asyncio.ensure_future(grow_mid_run(backend, config, out)) if grow else None
     try:
         async for index, result in ab.as_completed(backend, requests, concurrency=config["concurrency"]):
             results[index] = result
@@ -68,6 +74,8 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
             if kill and not killed and answered >= config["kill_after"]:
                 killed = True
                 await lose_node(backend, config, kill)
+        if growing is not None:
+            await growing
         out["after"] = where(backend)
         if kill:
             await notice_loss(backend, config["params"])
@@ -87,6 +95,24 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         await backend.aclose()
     out["results"] = [[r.request_id, r.text, list(r.completions[0].token_ids)] for r in results]
     return out
+
+
+async def grow_mid_run(backend: RayBackend, config: dict[str, Any], out: dict[str, Any]) -> None:
+    """Hold the run, have the test start a node, resize onto it, let the run go on (see the docstring)."""
+    grow, options = config["grow"], config["backend"]["options"]
+    log_dir, gate = Path(options["log_dir"]), Path(options["gate_file"])
+
+    def answered() -> int:
+        return sum(e == "done" for per_actor in read_events(log_dir).values() for e, _ in per_actor)
+
+    try:
+        await wait_until(lambda: answered() >= grow["after"], "the run held at its gate")
+        Path(grow["ready_file"]).write_text("ready")  # noqa: ASYNC240
+        await wait_until(lambda: Path(grow["added_file"]).exists(), "the test to add a node", timeout=300)
+        await backend.aresize(grow["to"])
+        out["grown"] = where(backend)
+    finally:
+        gate.unlink(missing_ok=True)  # noqa: ASYNC240 - the run goes on over the grown backend (or ends)
 
 
 async def lose_node(backend: RayBackend, config: dict[str, Any], node: str) -> None:

@@ -12,8 +12,9 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +43,35 @@ def cluster() -> Iterator[LocalCluster]:
         assert not left, "Ray processes left behind:\n" + "\n".join(left)
 
 
-def drive(cluster: LocalCluster, tmp_path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    path = tmp_path / "run.json"
+def drive(
+    cluster: LocalCluster,
+    tmp_path: Path,
+    config: dict[str, Any],
+    during: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the driver process on ``config``; ``during(process)`` runs here meanwhile (a node started, say)."""
+    path, log = tmp_path / "run.json", tmp_path / "driver.log"
     path.write_text(json.dumps(config))
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.ray.multinode_driver", str(path)],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    (tmp_path / "driver.log").write_text(out.stderr)
-    assert out.returncode == 0, out.stderr[-5000:]
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.ray.multinode_driver", str(path)],
+            cwd=ROOT,
+            env=cluster.env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            if during is not None:
+                during(process)
+            returncode = process.wait(timeout=600)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    output = log.read_text(errors="replace")
+    assert returncode == 0, output[-5000:]
     result: dict[str, Any] = json.loads(path.with_suffix(".out.json").read_text())
-    result["log"] = out.stderr
+    result["log"] = output
     return result
 
 
@@ -195,3 +210,58 @@ def test_vllm_replicas_one_a_node_and_a_node_lost_shrinks_the_pool(
     assert [rid for rid, _, _ in out["results"]] == [f"r{i}" for i in range(48)]
     assert [tokens for _, _, tokens in out["results"]] == [expected[i % 4] for i in range(48)]
     assert len(out["extra"]) == 4
+
+
+def test_a_node_joined_mid_run_is_used_after_a_resize(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Three replicas fill nodes A and B; node C joins while the run is held; ``aresize(4)`` puts one there."""
+    cluster.ensure("node_b", num_cpus=1)
+    logs, hold, gate = tmp_path / "logs", tmp_path / "hold", tmp_path / "gate"
+    ready, added = tmp_path / "ready", tmp_path / "added"
+    logs.mkdir()
+    gate.write_text("50")  # fifty answered, then the run waits for the new node
+
+    def start_node_c(driver: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert driver.poll() is None, "the driver ended before the run was held"
+            assert time.monotonic() < deadline, "the run was never held"
+            time.sleep(0.05)
+        cluster.add_node("node_c", num_cpus=1)  # returns once the head counts it
+        added.write_text("added")
+
+    prompts = [f"prompt {i}" for i in range(300)]
+    try:
+        out = drive(
+            cluster,
+            tmp_path,
+            {
+                "backend": {
+                    "backend": RECORDING,
+                    "replicas": 3,  # one CPU each: nodes A (2 CPUs) and B (1) are full
+                    "address": cluster.address,
+                    "options": {"log_dir": str(logs), "hold_file": str(hold), "gate_file": str(gate)},
+                    "actor_options": {"num_cpus": 1, "placement_strategy": "SPREAD"},
+                },
+                "prompts": prompts,
+                "concurrency": 12,
+                "grow": {"after": 50, "ready_file": str(ready), "added_file": str(added), "to": 4},
+            },
+            during=start_node_c,
+        )
+    finally:
+        if "node_c" in cluster.nodes and "node_c" not in cluster.killed:
+            cluster.stop("node_c")  # the other tests expect nodes A and B only
+            cluster.wait_for(lambda alive: "node_c" not in alive, "node C to be gone")
+    assert sorted(out["before"]) == ["node_a", "node_a", "node_b"]
+    assert sorted(out["grown"]) == ["node_a", "node_a", "node_b", "node_c"]  # the new node is used
+    assert [s["label"] for s in out["stats"]] == ["ray-0", "ray-1", "ray-2", "ray-3"]
+    assert all(s["state"] == "healthy" for s in out["stats"])
+    assert out["stats"][3]["successes"] > 0  # the replica on node C served the run's rest
+    assert [rid for rid, _, _ in out["results"]] == [f"r{i}" for i in range(300)]
+    assert [text for _, text, _ in out["results"]] == prompts
+    events = read_events(logs)
+    done = Counter(rid for per_actor in events.values() for event, rid in per_actor if event == "done")
+    assert {rid: n for rid, n in done.items() if rid.startswith("r")} == {f"r{i}": 1 for i in range(300)}
+    assert len(events) == 4  # four actors, none restarted: the run was never restarted either
+    assert out["extra"] == [f"after {i}" for i in range(4)]
+    assert "started a local Ray cluster" not in out["log"]
