@@ -120,13 +120,8 @@ class ActorSlot:
                 ray.cancel(ref)
             raise
         except _LOST as exc:
-            self.lost(actor, exc)
-            self.unanswered += 1
-            raise ReplicaLostError(
-                f"Ray replica {self.index} (pid {self.info.get('pid')}) was lost: {type(exc).__name__}",
-                backend="ray",
-                request_id=request_id,
-            ) from exc
+            why = f"Ray replica {self.index} (pid {self.info.get('pid')}) was lost: {type(exc).__name__}"
+            raise self._lost_with(actor, exc, why, request_id) from exc
         except RayTaskError as exc:
             if isinstance(exc.cause, AsyncBackendsError):
                 raise exc.cause from None
@@ -136,14 +131,17 @@ class ActorSlot:
             return value
         if isinstance(value, BackendBrokenError):
             # The engine died under the actor: as good as a lost actor (its request was never answered).
-            self.lost(actor, value)
-            self.unanswered += 1
-            raise ReplicaLostError(
-                f"Ray replica {self.index}: its {self.hosted} backend broke: {value}",
-                backend="ray",
-                request_id=request_id,
-            ) from value
+            why = f"Ray replica {self.index}: its {self.hosted} backend broke: {value}"
+            raise self._lost_with(actor, value, why, request_id) from value
         raise value
+
+    def _lost_with(
+        self, actor: Any, cause: BaseException, why: str, request_id: str | None
+    ) -> ReplicaLostError:
+        """Note the loss of ``actor`` and count its unanswered request: the error to raise for it."""
+        self.lost(actor, cause)
+        self.unanswered += 1
+        return ReplicaLostError(why, backend="ray", request_id=request_id)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate on this replica."""
