@@ -149,28 +149,14 @@ class LocalCluster:
     def stop(self, name: str) -> None:
         """End node ``name`` cleanly (SIGTERM: ``ray start --block`` stops its processes) and wait for it."""
         self.killed.add(name)
-        process = self.nodes[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        _terminate(self.nodes[name])
 
     def close(self) -> list[str]:
         """End every node (workers first, the head last) and return what is left running (nothing)."""
         for name in reversed(list(self.nodes)):
             process = self.nodes[name]
             if process.poll() is None:
-                # SIGTERM: `ray start --block` stops its node's processes itself.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
+                _terminate(process)
             # Anything of the node's group still running (a worker that outlived its raylet): ended too.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -180,3 +166,14 @@ class LocalCluster:
         if not left:
             shutil.rmtree(self.tmp, ignore_errors=True)
         return left
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a node's process group (`ray start --block` stops its processes), SIGKILL if it hangs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
