@@ -20,6 +20,13 @@ Suites (modes ``engines-N`` are the adapter with ``engines=N``; ``engines-auto``
     large             offline, 1, 2 and auto engines, eager (the 8B shape: auto must pick 1)
     large-compiled    the same, compiled
     auto              offline and auto only (the 8B shape's check: >= 0.98x offline)
+    wide              offline, 6 and 8 engines, eager (past 4: where the scaling stops)
+    wide-compiled     the same, compiled
+    confirm           offline, auto and 4 engines, eager
+    six               offline and 6 engines, eager (with a small --prompts: a long loglikelihood run)
+
+``BENCH_PYSPY_SECONDS=S`` (py-spy on PATH) profiles every adapter process for S seconds of its timed
+generation, all threads, collapsed stacks in ``$OUT/pyspy-<mode>-<pid>.txt``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ SUITES: dict[str, list[Step]] = {
     "large": _rows(["1", "2", "auto"], compiled=False),
     "large-compiled": _rows(["1", "2", "auto"], compiled=True),
     "auto": _rows(["auto"], compiled=False),
+    "wide": _rows(["6", "8"], compiled=False),
+    "confirm": _rows(["auto", "4"], compiled=False),
+    "six": _rows(["6"], compiled=False),
+    "wide-compiled": _rows(["6", "8"], compiled=True),
 }
 
 

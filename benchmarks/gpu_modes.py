@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,21 @@ def _offline(
     return result
 
 
+def _start_profiler(mode: str) -> subprocess.Popen[bytes] | None:
+    """py-spy on this process for ``BENCH_PYSPY_SECONDS`` seconds from now (every thread, collapsed stacks).
+
+    Started after the warm-up, so it samples the timed generation; the file lands in ``$OUT``. Off unless the
+    variable is set and py-spy is on PATH (it travels with the GPU bundle).
+    """
+    seconds = os.environ.get("BENCH_PYSPY_SECONDS")
+    spy = shutil.which("py-spy")
+    if not seconds or spy is None:
+        return None
+    target = Path(os.environ.get("OUT", "/tmp")) / f"pyspy-{mode}-{os.getpid()}.txt"
+    command = [spy, "record", "-p", str(os.getpid()), "-d", seconds, "-r", "200", "--format", "raw"]
+    return subprocess.Popen([*command, "--threads", "--nonblocking", "-o", str(target)])
+
+
 def _adapter(
     args: argparse.Namespace, prompts: list[list[int]], pairs: list[tuple[str, str]]
 ) -> dict[str, Any]:
@@ -115,12 +133,16 @@ def _adapter(
     requests = [ab.GenerationRequest(tuple(p), greedy) for p in prompts]
     ab.run_batch(backend, requests[:64])
     runs = []
+    profiler = _start_profiler(args.mode)
     for batch in [prompts, *extra_rounds(args)]:
         requests = [ab.GenerationRequest(tuple(p), greedy) for p in batch]
         began = _clock()
         outputs = ab.run_batch(backend, requests)
         runs.append(_timed(began, len(batch), [list(o.completions[0].token_ids) for o in outputs], batch))
     result["generate"] = _median_run(runs)
+    if profiler is not None:
+        result["profile"] = profiler.args[-1]
+        profiler.wait(timeout=60)
     if pairs:
         scoring = [ab.LoglikelihoodRequest(c, x) for c, x in pairs]
         ab.run_batch(backend, scoring[:64])
