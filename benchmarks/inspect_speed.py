@@ -2,12 +2,14 @@
 
 The same inspect task (``--samples`` generated prompts, greedy, ``--max-tokens`` each, no scorer) on the tiny
 local model, each run a fresh ``inspect eval`` process, the two paths in ABBA order each round. The time is
-the whole command, from its start to its exit (the log written): imports, engine or server start-up and the
-evaluation, as a user sees it. Each process's time is also split by its log's ``started_at`` and
-``completed_at``: before (imports, and what the provider builds in ``get_model``: our engine), the eval
-(inspect's server, started lazily at the first request, falls in here) and after (closing, exiting); only
-the whole is comparable between the two. Ratios pair the k-th run of each path (inspect-vllm's time over
-ours); every sample's output is compared with our first run's.
+the whole command, from its start to its exit: imports, engine or server start-up, the evaluation and the
+closing, as a user sees it; and from its start to its log written (the log file's modification time), the
+issue's measure, which leaves out what a process does after writing its log (closing the engine or server,
+exiting). Each process's time is also split by its log's ``started_at`` and ``completed_at``: before
+(imports, and what the provider builds in ``get_model``: our engine), the eval (inspect's server, started
+lazily at the first request, falls in here) and after (closing, exiting); only the two whole measures are
+comparable between the paths. Ratios pair the k-th run of each path (inspect-vllm's time over ours); every
+sample's output is compared with our first run's.
 
     python benchmarks/inspect_speed.py                       # 300 samples, one ABBA round (4 processes)
     python benchmarks/inspect_speed.py --samples 200 --rounds 2
@@ -81,7 +83,7 @@ def _model_args(mode: str, model: str) -> tuple[str, list[str]]:
 def _run(
     mode: str, work: Path, model: str, args: argparse.Namespace, index: int
 ) -> tuple[float, float, float, Path]:
-    """One fresh ``inspect eval``: its wall time, its start and end (epoch seconds), its log."""
+    """One fresh ``inspect eval``: wall time, start (epoch s), start to its log written (s), the log."""
     logs = work / f"logs-{mode}-{index}"
     name, model_args = _model_args(mode, model)
     command = [
@@ -116,7 +118,7 @@ def _run(
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     (log,) = logs.glob("*.json")
-    return elapsed, began, began + elapsed, log
+    return elapsed, began, log.stat().st_mtime - began, log
 
 
 def _read(log: Path) -> tuple[dict[Any, str], float, float]:
@@ -163,12 +165,14 @@ def main() -> None:
         modes = ("ours", "inspect-vllm")
         wall: dict[str, list[float]] = {mode: [] for mode in modes}
         logged: dict[str, list[float]] = {mode: [] for mode in modes}
+        to_log: dict[str, list[float]] = {mode: [] for mode in modes}
         outputs: dict[str, list[dict[Any, str]]] = {mode: [] for mode in modes}
         index = 0
         for round_ in range(args.rounds):
             for mode in ("ours", "inspect-vllm", "inspect-vllm", "ours"):
                 load = os.getloadavg()[0]
-                elapsed, began, ended, log = _run(mode, work, model, args, index)
+                elapsed, began, written, log = _run(mode, work, model, args, index)
+                ended = began + elapsed
                 index += 1
                 got, started, completed = _read(log)
                 # Before the log's start: imports and whatever the provider builds in get_model; after its
@@ -179,10 +183,12 @@ def main() -> None:
                     raise SystemExit(f"{mode}: {len(got)} samples in the log, expected {args.samples}")
                 wall[mode].append(elapsed)
                 logged[mode].append(eval_time)
+                to_log[mode].append(written)
                 outputs[mode].append(got)
                 print(
                     f"round {round_ + 1} {mode:13s} process {elapsed:6.1f} s = before the log's start "
-                    f"{phases[0]:5.1f} + eval (log) {phases[1]:5.1f} + after its end {phases[2]:5.1f}"
+                    f"{phases[0]:5.1f} + eval (log) {phases[1]:5.1f} + after its end {phases[2]:5.1f}; "
+                    f"start to log written {written:6.1f} s"
                     f"  (load before {load:.1f}, after {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
@@ -190,9 +196,10 @@ def main() -> None:
         for mode in modes:
             print(
                 f"{mode:13s} process: {', '.join(f'{t:.1f}' for t in wall[mode])} s; "
-                f"eval (log): {', '.join(f'{t:.1f}' for t in logged[mode])} s"
+                f"eval (log): {', '.join(f'{t:.1f}' for t in logged[mode])} s; "
+                f"start to log written: {', '.join(f'{t:.1f}' for t in to_log[mode])} s"
             )
-        for what, times in (("process", wall), ("eval (log)", logged)):
+        for what, times in (("process", wall), ("start to log written", to_log), ("eval (log)", logged)):
             ratios = [b / a for a, b in zip(times["ours"], times["inspect-vllm"], strict=True)]
             print(
                 f"{what} ratios (inspect-vllm / ours): {', '.join(f'{r:.2f}' for r in ratios)}; "
