@@ -55,9 +55,9 @@ SUITES: dict[str, list[Step]] = {
     "large-compiled": _rows(["1", "2", "auto"], compiled=True),
     "auto": _rows(["auto"], compiled=False),
     "wide": _rows(["6", "8"], compiled=False),
+    "wide-compiled": _rows(["6", "8"], compiled=True),
     "confirm": _rows(["auto", "4"], compiled=False),
     "six": _rows(["6"], compiled=False),
-    "wide-compiled": _rows(["6", "8"], compiled=True),
 }
 
 

@@ -94,11 +94,11 @@ def _offline(
     return result
 
 
-def _start_profiler(mode: str) -> subprocess.Popen[bytes] | None:
+def _start_profiler(mode: str) -> tuple[subprocess.Popen[bytes], Path] | None:
     """py-spy on this process for ``BENCH_PYSPY_SECONDS`` seconds from now (every thread, collapsed stacks).
 
-    Started after the warm-up, so it samples the timed generation; the file lands in ``$OUT``. Off unless the
-    variable is set and py-spy is on PATH (it travels with the GPU bundle).
+    Started after the warm-up, so it samples the timed generation; returns the running py-spy and the file it
+    writes in ``$OUT``. Off unless the variable is set and py-spy is on PATH (it travels with the GPU bundle).
     """
     seconds = os.environ.get("BENCH_PYSPY_SECONDS")
     spy = shutil.which("py-spy")
@@ -106,7 +106,7 @@ def _start_profiler(mode: str) -> subprocess.Popen[bytes] | None:
         return None
     target = Path(os.environ.get("OUT", "/tmp")) / f"pyspy-{mode}-{os.getpid()}.txt"
     command = [spy, "record", "-p", str(os.getpid()), "-d", seconds, "-r", "200", "--format", "raw"]
-    return subprocess.Popen([*command, "--threads", "--nonblocking", "-o", str(target)])
+    return subprocess.Popen([*command, "--threads", "--nonblocking", "-o", str(target)]), target
 
 
 def _adapter(
@@ -141,8 +141,8 @@ def _adapter(
         runs.append(_timed(began, len(batch), [list(o.completions[0].token_ids) for o in outputs], batch))
     result["generate"] = _median_run(runs)
     if profiler is not None:
-        result["profile"] = profiler.args[-1]
-        profiler.wait(timeout=60)
+        spy, result["profile"] = profiler[0], str(profiler[1])
+        spy.wait(timeout=60)
     if pairs:
         scoring = [ab.LoglikelihoodRequest(c, x) for c, x in pairs]
         ab.run_batch(backend, scoring[:64])
