@@ -45,11 +45,13 @@ def _offline(
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:64]], greedy, use_tqdm=False)
     runs = []
+    profiler = _start_profiler("offline-generate")
     for batch in [prompts, *extra_rounds(args)]:
         began = _clock()
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], greedy, use_tqdm=False)
         runs.append(_timed(began, len(batch), [list(o.outputs[0].token_ids) for o in outputs], batch))
     result["generate"] = _median_run(runs)
+    _profile_done(profiler, result["generate"])
     if pairs:
         tokenizer = llm.get_tokenizer()
         bos = tokenizer.bos_token_id
@@ -84,6 +86,7 @@ def _offline(
             return sums
 
         score(pairs[:64])
+        profiler = _start_profiler("offline-loglikelihood")
         began = _clock()
         logprobs = score(pairs)
         result["loglikelihood"] = {
@@ -91,22 +94,31 @@ def _offline(
             "requests": len(pairs),
             "logprobs": logprobs,
         }
+        _profile_done(profiler, result["loglikelihood"])
     return result
 
 
-def _start_profiler(mode: str) -> tuple[subprocess.Popen[bytes], Path] | None:
+def _start_profiler(tag: str) -> tuple[subprocess.Popen[bytes], Path] | None:
     """py-spy on this process for ``BENCH_PYSPY_SECONDS`` seconds from now (every thread, collapsed stacks).
 
-    Started after the warm-up, so it samples the timed generation; returns the running py-spy and the file it
-    writes in ``$OUT``. Off unless the variable is set and py-spy is on PATH (it travels with the GPU bundle).
+    Started after a phase's warm-up, so it samples the timed work; returns the running py-spy and the file it
+    writes in ``$OUT`` (``pyspy-<tag>-<pid>.txt``). Off unless the variable is set and py-spy is on PATH (it
+    travels with the GPU bundle).
     """
     seconds = os.environ.get("BENCH_PYSPY_SECONDS")
     spy = shutil.which("py-spy")
     if not seconds or spy is None:
         return None
-    target = Path(os.environ.get("OUT", "/tmp")) / f"pyspy-{mode}-{os.getpid()}.txt"
+    target = Path(os.environ.get("OUT", "/tmp")) / f"pyspy-{tag}-{os.getpid()}.txt"
     command = [spy, "record", "-p", str(os.getpid()), "-d", seconds, "-r", "200", "--format", "raw"]
     return subprocess.Popen([*command, "--threads", "--nonblocking", "-o", str(target)]), target
+
+
+def _profile_done(profiler: tuple[subprocess.Popen[bytes], Path] | None, phase: dict[str, Any]) -> None:
+    """Wait for the phase's py-spy (if one ran) and name its file in the phase's result."""
+    if profiler is not None:
+        profiler[0].wait(timeout=60)
+        phase["profile"] = str(profiler[1])
 
 
 def _adapter(
@@ -133,19 +145,18 @@ def _adapter(
     requests = [ab.GenerationRequest(tuple(p), greedy) for p in prompts]
     ab.run_batch(backend, requests[:64])
     runs = []
-    profiler = _start_profiler(args.mode)
+    profiler = _start_profiler(f"{args.mode}-generate")
     for batch in [prompts, *extra_rounds(args)]:
         requests = [ab.GenerationRequest(tuple(p), greedy) for p in batch]
         began = _clock()
         outputs = ab.run_batch(backend, requests)
         runs.append(_timed(began, len(batch), [list(o.completions[0].token_ids) for o in outputs], batch))
     result["generate"] = _median_run(runs)
-    if profiler is not None:
-        spy, result["profile"] = profiler[0], str(profiler[1])
-        spy.wait(timeout=60)
+    _profile_done(profiler, result["generate"])
     if pairs:
         scoring = [ab.LoglikelihoodRequest(c, x) for c, x in pairs]
         ab.run_batch(backend, scoring[:64])
+        profiler = _start_profiler(f"{args.mode}-loglikelihood")
         began = _clock()
         scored = ab.run_batch(backend, scoring)
         result["loglikelihood"] = {
@@ -154,6 +165,7 @@ def _adapter(
             "logprobs": [s.logprob for s in scored],
             "tokens": sum(s.num_tokens for s in scored),
         }
+        _profile_done(profiler, result["loglikelihood"])
     if hasattr(backend, "replica_stats"):  # several engines: how the work was shared
         result["engine_requests"] = {r.label: r.requests for r in backend.replica_stats()}
     backend.close()  # type: ignore[attr-defined]  # VLLMBackend is a BaseBackend
