@@ -16,6 +16,8 @@ def _rate(part: dict[str, Any]) -> dict[str, float]:
     rates = {"req_per_s": part["requests"] / elapsed, "elapsed_s": elapsed, "requests": part["requests"]}
     if "cpu_s" in part:  # the frontend process's CPU seconds per second of work
         rates["frontend_cpu"] = part["cpu_s"] / elapsed
+    if "encode_s" in part:  # offline scoring: how much of elapsed_s went to encoding the texts
+        rates["encode_s"] = part["encode_s"]
     if "output_tokens" in part:
         rates |= {
             "output_tokens": part["output_tokens"],

@@ -12,12 +12,11 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._tasks import all_or_nothing
-from .._text import split_trailing_space
 from .._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
 from ..errors import BackendError, RequestRejectedError
 from ._http import HTTPResponse, HTTPTransport
 from ._openai_wire import echo_payload, parse_echo
-from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result
+from ._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
 
 __all__ = ["VLLMServerScoring"]
 
@@ -55,28 +54,20 @@ class VLLMServerScoring:
         self._check_open(rid)
         self._require_vllm(rid)
         prefix, stand_in = await self._special_tokens(rid)
-        context, continuation = split_trailing_space(request.context, request.continuation)
-        if not context and stand_in is None:
+        if not request.context.rstrip() and stand_in is None:
             raise self._no_stand_in(rid)
-        texts = [context, context + continuation] if context else [continuation]
-        encoded = dict(zip(texts, await all_or_nothing([self._tokenize(t, rid) for t in texts]), strict=True))
 
-        def plan() -> ScoringPlan | None:
-            return plan_loglikelihood(
-                context,
-                continuation,
-                encode=lambda text: encoded[text],
-                prefix=prefix,
-                empty_context_token=stand_in if stand_in is not None else -1,
-                max_prompt_tokens=self._max_prompt_tokens,
-            )
+        async def encode(texts: list[str]) -> list[list[int]]:
+            return await all_or_nothing([self._tokenize(text, rid) for text in texts])
 
-        try:
-            scoring = plan()
-        except KeyError:
-            # The continuation merged into the context's last token: the plan scores it on its own tokens.
-            encoded[continuation] = await self._tokenize(continuation, rid)
-            scoring = plan()
+        scoring = await aplan_loglikelihood(
+            request.context,
+            request.continuation,
+            encode=encode,
+            prefix=prefix,
+            empty_context_token=stand_in if stand_in is not None else -1,
+            max_prompt_tokens=self._max_prompt_tokens,
+        )
         if scoring is None:
             raise RequestRejectedError(
                 f"continuation does not fit in max_model_len={self.max_model_len}",

@@ -8,7 +8,7 @@ each prompt token's logprob and rank given the tokens before it (``prompt_logpro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,8 @@ from .._types import LoglikelihoodResult
 __all__ = [
     "ScoringPlan",
     "Tokenizer",
+    "TextsEncoder",
+    "aplan_loglikelihood",
     "logprob_of",
     "plan_loglikelihood",
     "plan_rolling",
@@ -27,6 +29,10 @@ __all__ = [
 
 Tokenizer = Callable[[str], list[int]]
 """Encodes text to token ids without special tokens."""
+
+TextsEncoder = Callable[[list[str]], Awaitable[list[list[int]]]]
+"""Encodes texts to token ids without special tokens, one list per text, in order (a tokenizer route, a worker
+thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,41 @@ def plan_loglikelihood(
         return None
     truncated = max(0, len(whole) - max_prompt_tokens)
     return ScoringPlan(tuple(whole[truncated:]), scored, truncated)
+
+
+async def aplan_loglikelihood(
+    context: str,
+    continuation: str,
+    *,
+    encode: TextsEncoder,
+    prefix: Sequence[int],
+    empty_context_token: int,
+    max_prompt_tokens: int,
+) -> ScoringPlan | None:
+    """`plan_loglikelihood` with an asynchronous encoder: the texts it needs are encoded in one call.
+
+    The continuation alone is encoded in a second call only when it merged into the context's last token.
+    Arguments and result as `plan_loglikelihood`'s.
+    """
+    context, continuation = split_trailing_space(context, continuation)
+    texts = [context, context + continuation] if context else [continuation]
+    encoded = dict(zip(texts, await encode(texts), strict=True))
+
+    def plan() -> ScoringPlan | None:
+        return plan_loglikelihood(
+            context,
+            continuation,
+            encode=encoded.__getitem__,
+            prefix=prefix,
+            empty_context_token=empty_context_token,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+
+    try:
+        return plan()
+    except KeyError:  # the merged case: the plan scores the continuation on its own tokens
+        [encoded[continuation]] = await encode([continuation])
+        return plan()
 
 
 def plan_rolling(token_ids: Sequence[int], *, prefix_token: int, max_prompt_tokens: int) -> list[ScoringPlan]:

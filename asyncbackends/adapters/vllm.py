@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
@@ -45,7 +44,8 @@ from ..errors import (
     RequestRejectedError,
 )
 from ._checkpoint import checkpoint_fields
-from ._scoring import ScoringPlan, plan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._text_encoder import TextEncoder
 from ._vllm_checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._vllm_checks import check_before_import, engine_defaults, import_vllm
 from ._vllm_engines import VLLMEnginesBackend, check_engines, create_engines
@@ -119,9 +119,10 @@ class VLLMBackend(BaseBackend):
         if stand_in is None:
             raise InvalidRequestError(f"model {model!r}: its tokenizer has neither a BOS nor an EOS token")
         self._stand_in: int = stand_in
-        # A multiple-choice question's continuations share its context, and evaluation harnesses send them
-        # one after the other: a small cache of encodings spares encoding that context again for each.
-        self._encode_cached: Callable[[str], list[int]] = functools.lru_cache(maxsize=64)(self._encode)
+        # Scoring's texts are encoded in a worker thread, many requests' at once: on the loop thread that
+        # encoding bounded scoring however many engines there were (docs/benchmarks.md). Created on the
+        # shared loop, as this backend is.
+        self._encoder = TextEncoder(self._encode_texts)
         # The engine refuses a prompt that leaves no room for one generated token.
         self._max_prompt_tokens = self.max_model_len - 1
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
@@ -367,6 +368,12 @@ class VLLMBackend(BaseBackend):
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
 
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        # The tokenizer's batch call, not encode() text by text: a fast tokenizer encodes the batch in Rust
+        # across the cores with the GIL released, and its ids are encode()'s (tested).
+        ids: list[list[int]] = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return ids
+
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score the continuation's tokens given the context's (see `AsyncBackend.loglikelihood`).
 
@@ -374,10 +381,10 @@ class VLLMBackend(BaseBackend):
         fit is refused with `RequestRejectedError`.
         """
         self._check_open(request.request_id)
-        plan = plan_loglikelihood(
+        plan = await aplan_loglikelihood(
             request.context,
             request.continuation,
-            encode=self._encode_cached,
+            encode=self._encoder.encode,
             prefix=self._prefix,
             empty_context_token=self._stand_in,
             max_prompt_tokens=self._max_prompt_tokens,
@@ -393,9 +400,8 @@ class VLLMBackend(BaseBackend):
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
         self._check_open(request.request_id)
-        plans = plan_rolling(
-            self._encode(request.text), prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens
-        )
+        [ids] = await self._encoder.encode([request.text], keep=False)  # a whole document: not worth keeping
+        plans = plan_rolling(ids, prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens)
         windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
         return scored_result(request.request_id, [item for window in windows for item in window])
 

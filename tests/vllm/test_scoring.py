@@ -110,3 +110,30 @@ def test_rolling_loglikelihood_spans_windows(backend: Any, hf_model: Any, hf_tok
     expected += _hf_score(hf_model, sequence[len(sequence) - 511 :], rest)[2]
     assert result.token_logprobs == pytest.approx(expected, abs=1e-3)
     assert result.logprob == pytest.approx(sum(expected), abs=1e-2)
+
+
+def test_batch_encoding_gives_encode_s_ids(backend: Any, hf_tokenizer: Any) -> None:
+    # Scoring encodes through the tokenizer's batch call in a worker thread; its ids must be encode()'s.
+    texts = [
+        "The quick brown",
+        " fox",
+        "  two  spaces ",
+        "naïve café ☕",
+        "line\nbreak\n",
+        "x" * 300,
+        "2+2=4?",
+    ]
+    expected = [hf_tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    assert backend._encode_texts(texts) == expected
+
+
+def test_concurrent_questions_score_as_each_alone(backend: Any) -> None:
+    # Many questions' texts are encoded in shared batches (their contexts once): each answer must be the one
+    # it gets when it is sent alone.
+    contexts = ["Question: which is the largest?", "The capital of France is", "Once upon a time, a fox"]
+    pairs = [(c, x) for c in contexts for x in (" Paris", " a tree", " the sea", " 42")]
+    together = ab.run_batch(backend, [ab.LoglikelihoodRequest(c, x) for c, x in pairs])
+    for (context, continuation), got in zip(pairs, together, strict=True):
+        (alone,) = ab.run_batch(backend, [ab.LoglikelihoodRequest(context + " ", continuation.lstrip())])
+        assert got.num_tokens == alone.num_tokens
+        assert got.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-4)

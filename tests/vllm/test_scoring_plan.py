@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 
 from asyncbackends.adapters._scoring import (
     ScoringPlan,
+    aplan_loglikelihood,
     plan_loglikelihood,
     plan_rolling,
     split_trailing_space,
@@ -74,6 +78,35 @@ def test_long_context_is_cut_from_the_left_and_long_continuation_refused() -> No
         )
         is None
     )
+
+
+def _absorbing(text: str) -> list[int]:
+    # Folds a trailing "b" into the token before it, so a continuation "b" can merge into the context.
+    ids = _merging(text)
+    return [*ids[:-2], ids[-2] + 5000] if text.endswith("b") and len(ids) > 1 else ids
+
+
+@given(
+    context=st.text("ab xyz", max_size=12),
+    continuation=st.text("ab xyz", min_size=1, max_size=8),
+    encode=st.sampled_from([_chars, _merging, _absorbing]),
+    room=st.integers(2, 20),
+)
+def test_async_plan_is_the_plan_and_asks_for_the_texts_together(
+    context: str, continuation: str, encode: Callable[[str], list[int]], room: int
+) -> None:
+    calls: list[list[str]] = []
+
+    async def encode_many(texts: list[str]) -> list[list[int]]:
+        calls.append(texts)
+        return [encode(t) for t in texts]
+
+    options: dict[str, Any] = {"prefix": (7,), "empty_context_token": 9, "max_prompt_tokens": room}
+    expected = plan_loglikelihood(context, continuation, encode=encode, **options)
+    got = asyncio.run(aplan_loglikelihood(context, continuation, encode=encode_many, **options))
+    assert got == expected
+    assert len(calls[0]) == (2 if context.rstrip() else 1)  # context and the whole: one call
+    assert len(calls) <= 2  # a second only for a continuation that merged into the context
 
 
 @given(n=st.integers(1, 300), window=st.integers(2, 40))
