@@ -25,8 +25,8 @@ Suites (modes ``engines-N`` are the adapter with ``engines=N``; ``engines-auto``
     confirm           offline, auto and 4 engines, eager
     six               offline and 6 engines, eager (with a small --prompts: a long loglikelihood run)
 
-``BENCH_PYSPY_SECONDS=S`` (py-spy on PATH) profiles every process, offline included, for S seconds of its
-timed generation and S of its timed scoring, all threads, collapsed stacks in
+``BENCH_PYSPY_SECONDS=S`` (py-spy on PATH) profiles every process, offline included, with its engine-core
+children, for S seconds of its timed generation and S of its timed scoring, all threads, collapsed stacks in
 ``$OUT/pyspy-<mode>-<phase>-<pid>.txt``.
 """
 

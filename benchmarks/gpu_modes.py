@@ -104,7 +104,7 @@ def _offline(
 
 
 def _start_profiler(tag: str) -> tuple[subprocess.Popen[bytes], Path] | None:
-    """py-spy on this process for ``BENCH_PYSPY_SECONDS`` seconds from now (every thread, collapsed stacks).
+    """py-spy on this process and its children (engine cores) for ``BENCH_PYSPY_SECONDS`` seconds from now.
 
     Started after a phase's warm-up, so it samples the timed work; returns the running py-spy and the file it
     writes in ``$OUT`` (``pyspy-<tag>-<pid>.txt``). Off unless the variable is set and py-spy is on PATH (it
@@ -116,7 +116,9 @@ def _start_profiler(tag: str) -> tuple[subprocess.Popen[bytes], Path] | None:
         return None
     target = Path(os.environ.get("OUT", "/tmp")) / f"pyspy-{tag}-{os.getpid()}.txt"
     command = [spy, "record", "-p", str(os.getpid()), "-d", seconds, "-r", "200", "--format", "raw"]
-    return subprocess.Popen([*command, "--threads", "--nonblocking", "-o", str(target)]), target
+    return subprocess.Popen(
+        [*command, "--threads", "--subprocesses", "--nonblocking", "-o", str(target)]
+    ), target
 
 
 def _profile_done(profiler: tuple[subprocess.Popen[bytes], Path] | None, phase: dict[str, Any]) -> None:
