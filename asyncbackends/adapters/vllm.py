@@ -120,8 +120,8 @@ class VLLMBackend(BaseBackend):
             raise InvalidRequestError(f"model {model!r}: its tokenizer has neither a BOS nor an EOS token")
         self._stand_in: int = stand_in
         # Scoring's texts are encoded in a worker thread, many requests' at once: on the loop thread that
-        # encoding bounded scoring however many engines there were (docs/benchmarks.md). Created on the
-        # shared loop, as this backend is.
+        # encoding bounded scoring however many engines there were (docs/benchmarks.md). It makes its
+        # futures and worker on the loop that runs the requests (the shared loop).
         self._encoder = TextEncoder(self._encode_texts)
         # The engine refuses a prompt that leaves no room for one generated token.
         self._max_prompt_tokens = self.max_model_len - 1
@@ -363,10 +363,6 @@ class VLLMBackend(BaseBackend):
         if scored is None:
             raise BackendError("vllm omitted a prompt logprob", backend=self.name, request_id=request_id)
         return scored
-
-    def _encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
-        return ids
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         # The tokenizer's batch call, not encode() text by text: a fast tokenizer encodes the batch in Rust

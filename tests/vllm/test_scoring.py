@@ -112,7 +112,7 @@ def test_rolling_loglikelihood_spans_windows(backend: Any, hf_model: Any, hf_tok
     assert result.logprob == pytest.approx(sum(expected), abs=1e-2)
 
 
-def test_batch_encoding_gives_encode_s_ids(backend: Any, hf_tokenizer: Any) -> None:
+def test_batch_encoding_gives_the_ids_of_encode(backend: Any, hf_tokenizer: Any) -> None:
     # Scoring encodes through the tokenizer's batch call in a worker thread; its ids must be encode()'s.
     texts = [
         "The quick brown",
