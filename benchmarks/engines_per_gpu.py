@@ -24,6 +24,14 @@ Suites (modes ``engines-N`` are the adapter with ``engines=N``; ``engines-auto``
     wide-compiled     the same, compiled
     confirm           offline, auto and 4 engines, eager
     six               offline and 6 engines, eager (with a small --prompts: a long loglikelihood run)
+    three             offline and 3 engines, eager
+    auto-compiled     auto engines (6 on one GPU), then offline, compiled
+    eight-compiled    offline, then 8 engines, compiled (decode batches of 4096 / 8 = 512 tokens fit vLLM's
+                      largest CUDA graph, 512, where 6 engines' 683 do not)
+
+The parent samples the GPU (busy share, SM clock, power) and the host (CPUs busy, stolen) all along and
+reports their means over each process's timed phases (``gpu_monitor.py``); ``gpu_floor.py`` gives the least
+GPU time the workload can take, to compare the rates with.
 
 ``BENCH_PYSPY_SECONDS=S`` (py-spy on PATH) profiles every process, offline included, with its engine-core
 children, for S seconds of its timed generation and S of its timed scoring, all threads, collapsed stacks in
@@ -59,6 +67,9 @@ SUITES: dict[str, list[Step]] = {
     "wide-compiled": _rows(["6", "8"], compiled=True),
     "confirm": _rows(["auto", "4"], compiled=False),
     "six": _rows(["6"], compiled=False),
+    "three": _rows(["3"], compiled=False),
+    "auto-compiled": [[("engines-auto", {"compiled": True})], [("offline", {"compiled": True})]],
+    "eight-compiled": _rows(["8"], compiled=True),
 }
 
 

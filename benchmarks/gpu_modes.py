@@ -226,21 +226,26 @@ def extra_rounds(args: argparse.Namespace) -> list[list[list[int]]]:
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The first run's outputs (the compared prompts) with the median run's rates; every run's time kept."""
     middle = sorted(runs, key=lambda r: r["requests"] / r["elapsed_s"])[len(runs) // 2]
-    keep = ("elapsed_s", "cpu_s", "requests", "prompt_tokens", "output_tokens")
+    keep = ("elapsed_s", "cpu_s", "wall", "requests", "prompt_tokens", "output_tokens")
     rounds = [{k: r[k] for k in keep} for r in runs]
     return {**runs[0], **{k: middle[k] for k in keep}, "rounds": rounds}
 
 
-def _clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
+def _clock() -> tuple[float, float, float]:
+    return time.perf_counter(), time.process_time(), time.time()
 
 
-def _since(start: tuple[float, float]) -> dict[str, float]:
-    return {"elapsed_s": time.perf_counter() - start[0], "cpu_s": time.process_time() - start[1]}
+def _since(start: tuple[float, float, float]) -> dict[str, Any]:
+    # "wall": the phase's window on the wall clock, for the parent's GPU and host samples (gpu_monitor.py).
+    return {
+        "elapsed_s": time.perf_counter() - start[0],
+        "cpu_s": time.process_time() - start[1],
+        "wall": [start[2], time.time()],
+    }
 
 
 def _timed(
-    began: tuple[float, float], count: int, tokens: list[list[int]], prompts: list[list[int]]
+    began: tuple[float, float, float], count: int, tokens: list[list[int]], prompts: list[list[int]]
 ) -> dict[str, Any]:
     return {
         **_since(began),

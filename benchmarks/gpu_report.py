@@ -18,6 +18,8 @@ def _rate(part: dict[str, Any]) -> dict[str, float]:
         rates["frontend_cpu"] = part["cpu_s"] / elapsed
     if "encode_s" in part:  # offline scoring: how much of elapsed_s went to encoding the texts
         rates["encode_s"] = part["encode_s"]
+    if "monitor" in part:  # the GPU's and the host's means over the phase (gpu_monitor.py)
+        rates["monitor"] = part["monitor"]
     if "output_tokens" in part:
         rates |= {
             "output_tokens": part["output_tokens"],
@@ -199,6 +201,10 @@ def markdown(results: dict[str, Any]) -> str:
                 ratios = entry["generate"]["round_ratios"]
                 shares = ", ".join(f"{x:.2f}" for x in ratios)
                 notes.append(f"- {suite}/{mode}: ratios to offline, round by round: {shares}")
+            for part in ("generate", "loglikelihood"):
+                seen = entry.get(part, {}).get("monitor")
+                if seen:
+                    notes.append(f"- {suite}/{mode}: {part}: {_monitor_text(seen)}")
             if "greedy_vs_offline" in entry:
                 g = entry["greedy_vs_offline"]
                 notes.append(
@@ -214,3 +220,17 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{s['max_abs_diff']:.2e}, median {s['median_abs_diff']:.2e}"
                 )
     return "\n".join([*lines, "", *notes]) + "\n"
+
+
+def _monitor_text(seen: dict[str, Any]) -> str:
+    """One phase's GPU and host means, as a note of the report."""
+    parts = []
+    if "gpu_util" in seen:
+        parts.append(
+            f"GPU busy {seen['gpu_util']:.0%} (lowest sample {seen['gpu_util_min']:.0%}), "
+            f"SM {seen['sm_clock_mhz']:.0f} MHz, {seen['power_w']:.0f} W"
+        )
+    if "host_busy" in seen:
+        parts.append(f"host CPUs busy {seen['host_busy']:.0%}, stolen {seen['host_steal']:.1%}")
+    counts = f"{seen.get('gpu_samples', 0)} GPU / {seen.get('host_samples', 0)} host samples"
+    return "; ".join([*parts, counts])

@@ -123,3 +123,25 @@ def test_greedy_and_scoring_agreement_with_offline(report: ModuleType) -> None:
     assert scoring["max_abs_diff"] == pytest.approx(0.5)
     assert scoring["median_abs_diff"] == 0.0
     assert summary["adapter"]["loglikelihood"]["ratio_to_offline"] == pytest.approx(1.0)
+
+
+def test_the_gpu_and_host_means_over_a_phase_are_reported(report: ModuleType) -> None:
+    ours = child([400])
+    ours["generate"]["monitor"] = {
+        "gpu_samples": 40,
+        "host_samples": 39,
+        "gpu_util": 0.97,
+        "gpu_util_min": 0.15,
+        "sm_clock_mhz": 1851.0,
+        "power_w": 657.0,
+        "host_busy": 0.33,
+        "host_steal": 0.024,
+    }
+    summary = report.summarize("six", {"offline": [child([200])], "engines-6": [ours]}, compare=1)
+    assert summary["engines-6"]["generate"]["monitor"]["gpu_util"] == 0.97
+    text = report.markdown({"suites": {"six": summary}})
+    assert (
+        "six/engines-6: generate: GPU busy 97% (lowest sample 15%), SM 1851 MHz, 657 W; host CPUs busy 33%, "
+        "stolen 2.4%; 40 GPU / 39 host samples" in text
+    )
+    assert "six/offline: generate:" not in text  # no samples, no note
