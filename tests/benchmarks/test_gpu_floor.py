@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+from .scripts import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def floor() -> Iterator[ModuleType]:
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("gpu_floor")
-    finally:
-        sys.path[:] = saved_path
-        for name in ("gpu_floor", "gpu_workload"):
-            sys.modules.pop(name, None)
+    with benchmark_module("gpu_floor", "gpu_workload") as module:
+        yield module
 
 
 def test_the_workload_counts_every_token_each_phase_handles(floor: ModuleType) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -11,18 +9,13 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+from .scripts import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def monitor_module() -> Iterator[ModuleType]:
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("gpu_monitor")
-    finally:
-        sys.path[:] = saved_path
-        sys.modules.pop("gpu_monitor", None)
+    with benchmark_module("gpu_monitor") as module:
+        yield module
 
 
 @pytest.fixture

@@ -1,0 +1,26 @@
+"""Importing the benchmark scripts (not a package) for their tests."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str, *also_loaded: str) -> Iterator[ModuleType]:
+    """``benchmarks/<name>.py`` imported; afterwards ``sys.path`` is restored and it (and ``also_loaded``,
+    the scripts it imports) forgotten, so no other test sees them."""
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path[:] = saved_path
+        for loaded in (name, *also_loaded):
+            sys.modules.pop(loaded, None)
