@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -45,16 +46,63 @@ _WORKER_STOP_TIMEOUT = "30"
 _TASK_STOP_TIMEOUT = 5.0
 
 
-# vLLM's start-up changes process-wide state without a lock (OMP_NUM_THREADS and torch's thread count, saved
-# and restored; os.environ): two engines starting at once could leave each other's values behind.
-_STARTING = threading.Lock()
+class _StartGate:
+    """The process-wide lock on engine starts, which the starts of one group hold together.
+
+    vLLM's start-up changes process-wide state (``os.environ``, torch's thread count, saved and restored
+    without a lock), and an engine's processes inherit the environment it starts with. So starts take the
+    gate in turn; only the members of one group, which start with the same environment, hold it at once. The
+    first holder applies the group's environment (with the workers' grace) and notes torch's thread count;
+    the last one restores both (starts overlapping inside vLLM could leave each other's thread count behind).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._group: object | None = None
+        self._holders = 0
+        self._saved: dict[str, str | None] = {}
+        self._threads: int | None = None
+        self.waiting = 0  # threads waiting for the gate (tests wait on it, not on the clock)
+
+    @contextlib.contextmanager
+    def hold(self, group: object, env: Mapping[str, str | None]) -> Iterator[None]:
+        """Hold the gate for ``group`` (an object of its own for a start alone), its ``env`` applied."""
+        with self._changed:
+            self.waiting += 1
+            self._changed.wait_for(lambda: self._holders == 0 or self._group is group)
+            self.waiting -= 1
+            if self._holders == 0:
+                self._group = group
+                # Read here, with no start's changes in place: a grace already set is the user's own.
+                self._saved = _apply({**_worker_stop_env(), **env})
+                self._threads = _torch_threads()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._holders -= 1
+                if self._holders == 0:
+                    _apply(self._saved)  # puts back what it replaced
+                    if self._threads is not None:
+                        _set_torch_threads(self._threads)
+                    self._group = None
+                    self._changed.notify_all()
 
 
-async def start_engine(args: AsyncEngineArgs, env: Mapping[str, str | None] | None = None) -> AsyncLLM:
+_GATE = _StartGate()
+
+
+async def start_engine(
+    args: AsyncEngineArgs, env: Mapping[str, str | None] | None = None, group: object | None = None
+) -> AsyncLLM:
     """Build the engine in a thread of its own with the offline ``LLM`` class's scheduler defaults.
 
     ``env`` overrides environment variables (``None`` removes one) while the engine starts, under the start
-    lock: its processes inherit them (one of several engines gets its GPU and memory share this way).
+    gate: its processes inherit them (one of several engines gets its memory share this way). Starts take
+    the gate one at a time, except those given one ``group`` (any object they share), which overlap: the
+    caller vouches that vLLM allows it for them and that they start with the same ``env``
+    (``_vllm_engines.start_waves`` decides which).
 
     The thread is a daemon, so a process that gives up on a start (Ctrl-C, a cancelled caller) can exit
     without waiting for it. Cancelling the caller cannot stop the build itself: the engine is shut down as
@@ -70,7 +118,7 @@ async def start_engine(args: AsyncEngineArgs, env: Mapping[str, str | None] | No
         engine: AsyncLLM | None = None
         error: BaseException | None = None
         try:
-            with _STARTING, _worker_stop_timeout(), _environment(env or {}):
+            with _GATE.hold(group or object(), env or {}):
                 engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             error = exc
@@ -88,36 +136,31 @@ async def start_engine(args: AsyncEngineArgs, env: Mapping[str, str | None] | No
     return engine
 
 
-@contextlib.contextmanager
-def _worker_stop_timeout() -> Iterator[None]:
-    """Set the workers' grace for the engine's processes, spawned meanwhile; then restore the environment."""
-    if _WORKER_STOP_ENV in os.environ:  # the user's own choice
-        yield
-        return
-    os.environ[_WORKER_STOP_ENV] = _WORKER_STOP_TIMEOUT
-    try:
-        yield
-    finally:
-        os.environ.pop(_WORKER_STOP_ENV, None)
+def _worker_stop_env() -> dict[str, str]:
+    """The workers' grace for the engine's processes, spawned meanwhile, unless the user chose one."""
+    return {} if _WORKER_STOP_ENV in os.environ else {_WORKER_STOP_ENV: _WORKER_STOP_TIMEOUT}
 
 
-@contextlib.contextmanager
-def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
-    """Apply ``env`` to ``os.environ`` for the duration (``None`` removes a variable); then restore it."""
+def _apply(env: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Apply ``env`` to ``os.environ`` (``None`` removes a variable); return what to restore."""
     saved = {name: os.environ.get(name) for name in env}
-    try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return saved
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")  # vLLM imports it before any engine starts
+    return None if torch is None else int(torch.get_num_threads())
+
+
+def _set_torch_threads(count: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: BaseException | None) -> None:

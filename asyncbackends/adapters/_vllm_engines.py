@@ -1,12 +1,22 @@
 """Several ``AsyncLLM`` engines behind one ``vllm`` backend: ``create_backend("vllm", model=..., engines=N)``.
 
 Why: one engine core is a CPU-bound Python loop; with a small model it cannot keep a big GPU busy (issue 29:
-on one H200 a 1B-shaped model ran 2.8-2.9x vLLM's offline ``LLM.generate`` with 6 engines, while an 8B-shaped
-one ran 0.90x with 2). The engines are replicas of a `PoolBackend` (its router, failover, ``affinity``
+on one H200 vLLM's offline ``LLM.generate`` left the GPU idle 49-65% of its run on a 1B-shaped model, and 6
+engines, busy 97-98%, ran 1.7-2.9x its speed; an 8B-shaped one ran 0.90x with 2). The engines are replicas of a `PoolBackend` (its router, failover, ``affinity``
 routing, `replica_stats`), labelled ``engine-0``, ``engine-1``...
 
 This module holds the plan (pure, tested without vLLM): which device each engine gets, how the user's memory
-settings are split, and what ``engines="auto"`` picks; and the building of the engines from that plan.
+settings are split, which engines may start at once, and what ``engines="auto"`` picks; and the building of
+the engines from that plan.
+
+Start-up: engines start at once where vLLM allows it, in waves (`start_waves`). vLLM sizes an engine's KV
+cache by profiling its device's free memory, assuming no other process changes it meanwhile (its
+``determine_available_memory``), so engines sharing a GPU whose memory is profiled start one after another;
+engines on different GPUs, or whose KV cache size is given (``kv_cache_memory_bytes``, and always on a CPU),
+start together. A compiling engine starts alone first: it fills vLLM's compile cache, which the others then
+read instead of all writing it at once. Engines start together only when they start with the same
+environment, so where vLLM can place an engine by option (``device_ids``) the GPU is chosen that way, not
+through ``CUDA_VISIBLE_DEVICES``.
 
 Memory: the user's ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` and ``VLLM_CPU_KVCACHE_SPACE`` are
 the total for a device, divided between the engines placed on it. On a CPU, ``VLLM_CPU_KVCACHE_SPACE`` wins
@@ -16,6 +26,7 @@ GiB, it is turned into each engine's ``kv_cache_memory_bytes`` and hidden from t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -35,18 +46,20 @@ __all__ = [
     "check_engines",
     "estimate_parameters",
     "plan_engines",
+    "start_waves",
 ]
 
 AUTO_MAX_PARAMETERS = 1.5e9
 """``engines="auto"`` runs several engines a GPU only for models up to this many parameters (the 1B-shaped
 model measured, ~1.1e9, gained; the 8B-shaped one, ~7.2e9, lost 10% with 2; nothing between was measured)."""
 AUTO_ENGINES_PER_GPU = 6
-"""Engines a GPU for such a model: on one H200, 6 gave 2.90x and 2.82x offline (4: 2.25-2.63x; 8: 2.83x, no
-better than 6)."""
+"""Engines a GPU for such a model: on one H200, 6 kept the GPU 97-98% busy (409-426 req/s, eager or compiled);
+4 equalled 6 in one call (403 req/s), 8 did no better (398-413), 3 left the GPU 17% idle."""
 
 _ROUTINGS = ("least_loaded", "affinity")
 _CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _PARALLEL_OPTIONS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+_DEVICE_OPTION = "device_ids"  # vLLM's engine option placing an engine on GPUs by their visible index
 # vLLM's own default when neither gpu_memory_utilization nor kv_cache_memory_bytes is given (EngineArgs).
 _DEFAULT_UTILIZATION = 0.92
 _GIB = 1 << 30
@@ -58,7 +71,8 @@ class EnginePlan:
 
     Attributes:
         label: Its replica label, ``engine-<i>``.
-        options: Its engine arguments (the user's, with its share of the memory).
+        options: Its engine arguments (the user's, with its share of the memory, and its GPU as
+            ``device_ids`` where placed by option).
         env: Environment overrides while it starts (``None`` removes a variable); its processes inherit them.
         device: The device it runs on (a ``CUDA_VISIBLE_DEVICES`` entry), ``None`` on a CPU or the one GPU.
     """
@@ -91,6 +105,11 @@ def check_engines(engines: Any, routing: str | None, options: Mapping[str, Any])
             raise InvalidRequestError(
                 f"engines= runs single-device engines; it cannot be combined with {', '.join(parallel)} > 1"
             )
+        if options.get(_DEVICE_OPTION) is not None:
+            raise InvalidRequestError(
+                "engines= places each engine on a GPU itself; choose the GPUs with CUDA_VISIBLE_DEVICES, "
+                f"not {_DEVICE_OPTION}"
+            )
     return count
 
 
@@ -116,6 +135,7 @@ def plan_engines(
     environ: Mapping[str, str],
     on_cpu: bool,
     devices: Sequence[str] = (),
+    place_by_option: bool = False,
 ) -> list[EnginePlan]:
     """Place ``count`` engines round-robin over ``devices``; split each device's memory between its engines.
 
@@ -125,6 +145,8 @@ def plan_engines(
         environ: The process environment (read only).
         on_cpu: Whether vLLM runs on the CPU (one device: the RAM).
         devices: The visible GPUs (`visible_devices`); ignored on a CPU.
+        place_by_option: Whether vLLM has the ``device_ids`` option: an engine's GPU is then its index
+            among ``devices`` in that option, else its ``CUDA_VISIBLE_DEVICES`` while it starts.
 
     Returns:
         One plan per engine, ``engine-0`` first.
@@ -139,7 +161,10 @@ def plan_engines(
         share = sharing[place]
         own = dict(options)
         env: dict[str, str | None] = {}
-        if place is not None:
+        if place is not None and place_by_option:
+            # vLLM reads device_ids as indices into the visible GPUs.
+            own[_DEVICE_OPTION] = [list(devices).index(place)]
+        elif place is not None:
             env["CUDA_VISIBLE_DEVICES"] = place  # the engine's processes see their one GPU as cuda:0
         if cpu_space:
             # vLLM's CPU platform would overwrite each engine's kv_cache_memory_bytes with the whole space.
@@ -147,11 +172,38 @@ def plan_engines(
             env[_CPU_KV_ENV] = None
         elif "kv_cache_memory_bytes" in own:
             own["kv_cache_memory_bytes"] = int(own["kv_cache_memory_bytes"]) // share
-        if "kv_cache_memory_bytes" not in own or "gpu_memory_utilization" in own:
+        # On a GPU every engine's start checks that the device's free memory covers gpu_memory_utilization
+        # of it, even when the KV cache size is given (vLLM's request_memory): each engine asks its share.
+        if not on_cpu or "kv_cache_memory_bytes" not in own or "gpu_memory_utilization" in own:
             total = float(own.get("gpu_memory_utilization", _DEFAULT_UTILIZATION))
             own["gpu_memory_utilization"] = total / share
         plans.append(EnginePlan(f"engine-{i}", own, env, place))
     return plans
+
+
+def start_waves(plans: Sequence[EnginePlan], *, on_cpu: bool) -> list[list[EnginePlan]]:
+    """Which engines start at once: waves in order, each wave's engines together (see the module docstring).
+
+    A compiling engine (``enforce_eager`` not set) starts alone first. Then an engine joins the last wave if
+    it starts with the wave's environment and, where vLLM profiles its device's memory (a GPU, no
+    ``kv_cache_memory_bytes``), no other engine of the wave is on that device; otherwise it opens the next.
+    """
+    rest = list(plans)
+    alone = [[rest.pop(0)]] if rest and not rest[0].options.get("enforce_eager") else []
+    waves: list[list[EnginePlan]] = []
+    for plan in rest:
+        if waves and _may_join(waves[-1], plan, on_cpu=on_cpu):
+            waves[-1].append(plan)
+        else:
+            waves.append([plan])
+    return alone + waves
+
+
+def _may_join(wave: list[EnginePlan], plan: EnginePlan, *, on_cpu: bool) -> bool:
+    if plan.env != wave[0].env:
+        return False  # the environment is process-wide while the wave starts
+    profiled = not on_cpu and "kv_cache_memory_bytes" not in plan.options
+    return not profiled or all(other.device != plan.device for other in wave)
 
 
 def estimate_parameters(config: Mapping[str, Any]) -> float | None:
@@ -231,12 +283,13 @@ async def create_engines(
     routing: str | None,
     engine_args: dict[str, Any],
     chat: Mapping[str, Any] | None = None,
+    *,
+    place_by_option: bool = False,
 ) -> Any:
-    """Build the engines one after another from the plan, then the pool over them (see `VLLMBackend.create`).
+    """Build the engines from the plan, wave by wave (`start_waves`), then the pool over them.
 
-    One after another, not at once: vLLM's start-up changes process-wide state (``os.environ``, torch's thread
-    count) without a lock, and each engine gets its device and memory share through the environment its
-    processes inherit, so `start_engine` holds a lock for each start.
+    See `VLLMBackend.create`. ``place_by_option``: vLLM has the ``device_ids`` option (`plan_engines`). If
+    an engine fails to start, the others of its wave finish starting and every started engine is closed.
     """
     from ._vllm_checks import _on_cpu, engine_defaults
 
@@ -249,16 +302,30 @@ async def create_engines(
     else:
         count = int(engines)
     options = {**engine_defaults(engine_args), **engine_args}
-    plans = plan_engines(count, options, environ=os.environ, on_cpu=cpu, devices=devices)
-    built: list[Any] = []
+    plans = plan_engines(
+        count, options, environ=os.environ, on_cpu=cpu, devices=devices, place_by_option=place_by_option
+    )
+    built: dict[str, Any] = {}
     try:
-        for plan in plans:
-            built.append(await cls._build(model, plan.options, env=plan.env, **(chat or {})))
+        for wave in start_waves(plans, on_cpu=cpu):
+            group = object() if len(wave) > 1 else None  # the token its starts share (`start_engine`)
+            started = await asyncio.gather(
+                *(cls._build(model, p.options, env=p.env, start_group=group, **(chat or {})) for p in wave),
+                return_exceptions=True,
+            )
+            built |= {
+                p.label: e for p, e in zip(wave, started, strict=True) if not isinstance(e, BaseException)
+            }
+            failed = [e for e in started if isinstance(e, BaseException)]
+            if failed:
+                raise failed[0]
         backend = VLLMEnginesBackend(
-            built, routing=routing or "least_loaded", labels=[plan.label for plan in plans]
+            [built[p.label] for p in plans],
+            routing=routing or "least_loaded",
+            labels=[p.label for p in plans],
         )
     except BaseException:
-        for engine in built:
+        for engine in built.values():
             await engine.aclose()
         raise
     try:

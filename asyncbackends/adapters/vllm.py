@@ -173,8 +173,9 @@ class VLLMBackend(BaseBackend):
         if count != 1:
             check_before_import(cls.name, model, engine_args)
             await asyncio.to_thread(import_vllm, globals())
+            engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
             several: VLLMBackend | VLLMEnginesBackend = await create_engines(
-                cls, model, count, routing, engine_args, chat
+                cls, model, count, routing, engine_args, chat, place_by_option="device_ids" in engine_fields
             )
             return several
         return await cls._build(model, engine_args, env=None, **chat)
@@ -186,10 +187,14 @@ class VLLMBackend(BaseBackend):
         engine_args: dict[str, Any],
         *,
         env: Mapping[str, str | None] | None,
+        start_group: object | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
     ) -> VLLMBackend:
-        """One engine; ``env`` overrides the environment its processes start with."""
+        """One engine; ``env`` overrides the environment its processes start with.
+
+        The starts given one ``start_group`` overlap (`start_engine`); others take their turn.
+        """
         check_before_import(cls.name, model, engine_args)  # fast: names and paths, before vLLM loads
         await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
@@ -201,7 +206,7 @@ class VLLMBackend(BaseBackend):
         except (TypeError, ValueError, VLLMError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         try:
-            engine = await start_engine(args, env)  # in a thread of its own: the shared loop serves on
+            engine = await start_engine(args, env, start_group)  # in a thread: the shared loop serves on
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:

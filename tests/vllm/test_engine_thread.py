@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import subprocess
 import sys
 import textwrap
@@ -112,3 +113,66 @@ def test_a_process_exits_without_waiting_for_a_start(tmp_path: Any) -> None:
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr
     assert "leaving" in done.stdout
+
+
+class _HeldBuilder:
+    """Each build waits until `release` is set; records what each saw; `wait_running(n)` waits for n at once."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.running = self.most_at_once = 0
+        self.release = threading.Event()
+        self.seen: list[tuple[str | None, str | None]] = []
+
+    def __call__(self, args: Any, usage_context: Any = None) -> _FakeEngine:
+        import torch
+
+        with self.changed:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            self.seen.append((os.environ.get("ASYNCBACKENDS_TEST_START"), os.environ.get(_WORKER_GRACE)))
+            self.changed.notify_all()
+        torch.set_num_threads(1)  # as vLLM's start-up does, restoring it later in a way starts can race
+        assert self.release.wait(timeout=300)
+        with self.changed:
+            self.running -= 1
+        return _FakeEngine()
+
+    def wait_running(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.running == count, timeout=300)
+
+
+_WORKER_GRACE = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+
+
+def test_the_starts_of_one_group_overlap_and_a_start_of_another_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    held = _HeldBuilder()
+    monkeypatch.setattr(_vllm_engine.AsyncLLM, "from_engine_args", held)
+    monkeypatch.delenv("ASYNCBACKENDS_TEST_START", raising=False)
+    monkeypatch.delenv(_WORKER_GRACE, raising=False)
+    threads = torch.get_num_threads()
+    group, env = object(), {"ASYNCBACKENDS_TEST_START": "set"}
+    manager = ab.get_loop_manager()
+    together = [manager.submit(_vllm_engine.start_engine(NO_ARGS, env, group)) for _ in range(2)]
+    held.wait_running(2)  # both inside the build at once
+    alone = manager.submit(_vllm_engine.start_engine(NO_ARGS))
+    deadline = time.monotonic() + 300
+    while _vllm_engine._GATE.waiting != 1:  # the lone start is queued at the gate, not building
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert held.running == 2
+    held.release.set()
+    for start in [*together, alone]:
+        start.result(timeout=300)
+    assert held.most_at_once == 2
+    # The group's environment (and the workers' grace) applied for its starts, then put back; the lone
+    # start saw neither the group's variable nor a grace left behind; torch's thread count restored.
+    assert held.seen == [("set", "30"), ("set", "30"), (None, "30")]
+    assert "ASYNCBACKENDS_TEST_START" not in os.environ
+    assert _WORKER_GRACE not in os.environ
+    assert torch.get_num_threads() == threads

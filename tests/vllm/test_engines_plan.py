@@ -1,4 +1,5 @@
-"""The plan behind ``create_backend("vllm", engines=N)``: options, devices, memory split, the auto rule.
+"""The plan behind ``create_backend("vllm", engines=N)``: options, devices, memory split, which engines start
+at once, the auto rule.
 
 No engine starts here: `create_engines` is run with a stand-in for one engine's build, so what each engine
 would be started with (its options and environment) is read directly.
@@ -19,6 +20,7 @@ from asyncbackends.adapters._vllm_engines import (
     check_engines,
     estimate_parameters,
     plan_engines,
+    start_waves,
     visible_devices,
 )
 from asyncbackends.errors import InvalidRequestError
@@ -68,6 +70,14 @@ def test_engines_with_parallel_engines_is_refused() -> None:
     assert check_engines(1, None, {"tensor_parallel_size": 2}) == 1
 
 
+def test_engines_place_themselves_so_device_ids_is_refused_with_several() -> None:
+    with pytest.raises(
+        InvalidRequestError, match="choose the GPUs with CUDA_VISIBLE_DEVICES, not device_ids"
+    ):
+        check_engines("auto", None, {"device_ids": [1]})
+    assert check_engines(1, None, {"device_ids": [1]}) == 1  # one engine: vLLM's own option, untouched
+
+
 @pytest.mark.parametrize("name", ["mock", "openai"])
 def test_engines_on_another_backend_is_an_unknown_option(name: str) -> None:
     with pytest.raises(InvalidRequestError, match=r"unknown option.*'engines'"):
@@ -87,10 +97,14 @@ def test_vllms_default_utilization_is_split_when_none_is_given() -> None:
     assert "kv_cache_memory_bytes" not in plans[0].options
 
 
-def test_kv_cache_bytes_are_split_and_no_utilization_is_invented() -> None:
+def test_kv_cache_bytes_are_split_and_on_a_gpu_each_engine_asks_its_share_of_the_memory() -> None:
     plans = plan_engines(3, {"kv_cache_memory_bytes": 3 * GIB}, environ={}, on_cpu=False, devices=["0"])
     assert [p.options["kv_cache_memory_bytes"] for p in plans] == [GIB] * 3
-    assert all("gpu_memory_utilization" not in p.options for p in plans)
+    # vLLM checks each engine's start against free memory >= gpu_memory_utilization x total (0.92 unset),
+    # KV size given or not: left at 0.92, the second engine on the GPU would be refused.
+    assert [p.options["gpu_memory_utilization"] for p in plans] == [pytest.approx(0.92 / 3)] * 3
+    on_cpu = plan_engines(3, {"kv_cache_memory_bytes": 3 * GIB}, environ={}, on_cpu=True)
+    assert all("gpu_memory_utilization" not in p.options for p in on_cpu)  # no such check on a CPU
 
 
 def test_engines_go_round_robin_over_the_visible_gpus_each_splitting_its_own_memory() -> None:
@@ -103,6 +117,51 @@ def test_engines_go_round_robin_over_the_visible_gpus_each_splitting_its_own_mem
     got = [p.options["gpu_memory_utilization"] for p in plans]
     assert got == [pytest.approx(x) for x in (0.45, 0.45, 0.9, 0.45, 0.45)]
     assert visible_devices({}, device_count=2) == ["0", "1"]
+
+
+def test_where_vllm_places_engines_by_option_their_gpu_is_an_index_and_not_the_environment() -> None:
+    devices = ["2", "5", "7"]  # CUDA_VISIBLE_DEVICES: vLLM reads device_ids as indices into it
+    plans = plan_engines(4, {}, environ={}, on_cpu=False, devices=devices, place_by_option=True)
+    assert [p.options["device_ids"] for p in plans] == [[0], [1], [2], [0]]
+    assert [p.device for p in plans] == ["2", "5", "7", "2"]
+    assert all(p.env == {} for p in plans)  # nothing process-wide: the engines may start together
+    one_gpu = plan_engines(2, {}, environ={}, on_cpu=False, devices=["0"], place_by_option=True)
+    assert all("device_ids" not in p.options for p in one_gpu)
+
+
+def _labels(waves: list[list[Any]]) -> list[list[str]]:
+    return [[plan.label.removeprefix("engine-") for plan in wave] for wave in waves]
+
+
+def test_engines_sharing_a_gpu_whose_memory_vllm_profiles_start_one_after_another() -> None:
+    eager = {"enforce_eager": True}
+    plans = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0"])
+    assert _labels(start_waves(plans, on_cpu=False)) == [["0"], ["1"], ["2"]]
+
+
+def test_engines_on_different_gpus_start_together_one_a_gpu_at_a_time() -> None:
+    eager = {"enforce_eager": True}
+    plans = plan_engines(5, eager, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
+    assert _labels(start_waves(plans, on_cpu=False)) == [["0", "1"], ["2", "3"], ["4"]]
+    # Placed through the environment, each start needs its own: one after another.
+    by_env = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0", "1"])
+    assert _labels(start_waves(by_env, on_cpu=False)) == [["0"], ["1"], ["2"]]
+
+
+def test_a_given_kv_cache_size_or_a_cpu_lets_every_engine_start_together() -> None:
+    sized = {"enforce_eager": True, "kv_cache_memory_bytes": 4 * GIB}  # vLLM then skips the profiling
+    plans = plan_engines(4, sized, environ={}, on_cpu=False, devices=["0"])
+    assert _labels(start_waves(plans, on_cpu=False)) == [["0", "1", "2", "3"]]
+    cpu = plan_engines(3, {"enforce_eager": True}, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}, on_cpu=True)
+    assert _labels(start_waves(cpu, on_cpu=True)) == [["0", "1", "2"]]
+
+
+def test_a_compiling_engine_starts_alone_first_then_the_others_read_its_compile_cache() -> None:
+    cpu = plan_engines(3, {}, environ={}, on_cpu=True)
+    assert _labels(start_waves(cpu, on_cpu=True)) == [["0"], ["1", "2"]]
+    gpus = plan_engines(4, {}, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
+    assert _labels(start_waves(gpus, on_cpu=False)) == [["0"], ["1", "2"], ["3"]]
+    assert start_waves([], on_cpu=True) == []
 
 
 def test_the_cpu_kv_cache_space_is_the_total_and_hidden_from_each_engines_start() -> None:
@@ -157,18 +216,31 @@ class _Adapter:
 
     built: list[_Built]
 
+    groups: list[object | None]
+
     @classmethod
-    async def _build(cls, model: str, options: dict[str, Any], *, env: Any) -> _Built:
+    async def _build(
+        cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+    ) -> _Built:
         cls.built.append(_Built(options, env))
+        cls.groups.append(start_group)
         return cls.built[-1]
 
 
-def _create(monkeypatch: pytest.MonkeyPatch, engines: int | str, routing: str | None, **args: Any) -> Any:
+def _create(
+    monkeypatch: pytest.MonkeyPatch,
+    engines: int | str,
+    routing: str | None,
+    place_by_option: bool = False,
+    **args: Any,
+) -> Any:
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
     monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
-    _Adapter.built = []
-    created = _vllm_engines.create_engines(_Adapter, "/models/x", engines, routing, dict(args))
+    _Adapter.built, _Adapter.groups = [], []
+    created = _vllm_engines.create_engines(
+        _Adapter, "/models/x", engines, routing, dict(args), place_by_option=place_by_option
+    )
     return asyncio.run(created)
 
 
@@ -191,6 +263,26 @@ def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backe
     assert all(b.closed for b in _Adapter.built)
 
 
+def test_the_engines_of_a_wave_are_started_as_one_group_and_the_backend_keeps_the_plans_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = _create(monkeypatch, 4, None, place_by_option=True, enforce_eager=True)
+    try:
+        # Two GPUs, memory profiled: engines 0 and 1 together, then 2 and 3.
+        assert [b.options["device_ids"] for b in _Adapter.built] == [[0], [1], [0], [1]]
+        first, second = _Adapter.groups[0], _Adapter.groups[2]
+        assert first is not None and second is not None and first is not second
+        assert _Adapter.groups == [first, first, second, second]
+        assert backend.engines == _Adapter.built
+    finally:
+        backend.close()
+    alone = _create(monkeypatch, 2, None, place_by_option=True)  # compiling: engine-0 alone, then engine-1
+    try:
+        assert _Adapter.groups == [None, None]  # a wave of one shares the gate with nobody
+    finally:
+        alone.close()
+
+
 def test_auto_on_a_model_of_unknown_size_builds_the_plain_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     built = _create(monkeypatch, "auto", "affinity", gpu_memory_utilization=0.8)
     assert built is _Adapter.built[0] and len(_Adapter.built) == 1
@@ -206,7 +298,7 @@ def test_auto_on_a_small_model_builds_six_engines_a_gpu(
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
     monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    _Adapter.built = []
+    _Adapter.built, _Adapter.groups = [], []
     backend = asyncio.run(_vllm_engines.create_engines(_Adapter, str(tmp_path), "auto", None, {}))
     try:
         assert len(backend.engines) == 6
@@ -218,13 +310,17 @@ def test_auto_on_a_small_model_builds_six_engines_a_gpu(
 def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
     class _Failing(_Adapter):
         @classmethod
-        async def _build(cls, model: str, options: dict[str, Any], *, env: Any) -> _Built:
+        async def _build(
+            cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+        ) -> _Built:
             if len(cls.built) == 2:
                 raise ab.BackendBrokenError("no memory left", backend="vllm")
-            return await super()._build(model, options, env=env)
+            return await super()._build(model, options, env=env, start_group=start_group)
 
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
-    _Failing.built = []
+    # Compiling on a CPU: engine-0 alone, then engines 1 and 2 together; engine 2 fails, engine 1 started.
+    _Failing.built, _Failing.groups = [], []
     with pytest.raises(ab.BackendBrokenError, match="no memory left"):
         asyncio.run(_vllm_engines.create_engines(_Failing, "/models/x", 3, None, {}))
     assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
+    assert _Failing.groups[0] is None and _Failing.groups[1] is not None

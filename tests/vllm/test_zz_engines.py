@@ -1,12 +1,13 @@
-"""``engines=2`` on real vLLM engines (the tiny model): work split, answers as one engine, memory split,
-a dead engine's requests served by the other. Named to run after the session engine's tests: it kills one
-of its own engines at the end.
+"""``engines=2`` on real vLLM engines (the tiny model): both started at once, work split, answers as one
+engine, memory split, a dead engine's requests served by the other. Named to run after the session engine's
+tests: it kills one of its own engines at the end.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,11 +29,52 @@ def _strip_eos(ids: tuple[int, ...] | list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
+class _Starts:
+    """Wraps vLLM's engine build: notes each start and end, and lets no start finish before both began.
+
+    On a CPU vLLM sizes the KV cache from the option, not by profiling memory, so `start_waves` puts the
+    two eager engines in one wave: their builds overlap. Were they started one after another, the first
+    would wait at the barrier for a second that cannot begin, and the engines' start would fail.
+    """
+
+    def __init__(self, build: Any) -> None:
+        self.build = build
+        self.both_began = threading.Barrier(2, timeout=300)
+        self.events: list[str] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.events.append("began")
+        self.both_began.wait()
+        try:
+            return self.build(*args, **kwargs)
+        finally:
+            self.events.append("ended")
+
+
+_STARTED: dict[str, Any] = {}  # what the engines' start left: the events, torch's threads before and after
+
+
 @pytest.fixture(scope="module")
 def engines2(tiny_model: str) -> Iterator[Any]:
-    backend = build_backend(tiny_model, engines=2)
+    import torch
+
+    from asyncbackends.adapters import _vllm_engine
+
+    threads = torch.get_num_threads()
+    starts = _Starts(_vllm_engine.AsyncLLM.from_engine_args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_vllm_engine.AsyncLLM, "from_engine_args", starts)
+        backend = build_backend(tiny_model, engines=2)
+    _STARTED.update(events=starts.events, threads=(threads, torch.get_num_threads()))
     yield backend
     backend.close()
+
+
+def test_the_two_engines_started_at_once_and_left_torchs_threads_as_they_were(engines2: Any) -> None:
+    assert engines2.engines  # built (the record below is the fixture's)
+    assert _STARTED["events"] == ["began", "began", "ended", "ended"]
+    before, after = _STARTED["threads"]
+    assert after == before
 
 
 def _requests(prompts: list[list[int]], max_tokens: int) -> list[ab.GenerationRequest]:
