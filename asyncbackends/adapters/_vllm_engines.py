@@ -2,8 +2,9 @@
 
 Why: one engine core is a CPU-bound Python loop; with a small model it cannot keep a big GPU busy (issue 29:
 on one H200 vLLM's offline ``LLM.generate`` left the GPU idle 49-65% of its run on a 1B-shaped model, and 6
-engines, busy 97-98%, ran 1.7-2.9x its speed; an 8B-shaped one ran 0.90x with 2). The engines are replicas of a `PoolBackend` (its router, failover, ``affinity``
-routing, `replica_stats`), labelled ``engine-0``, ``engine-1``...
+engines, busy 97-98%, ran 1.7-2.9x its speed; an 8B-shaped one ran 0.90x with 2). The engines are
+replicas of a `PoolBackend` (its router, failover, ``affinity`` routing, `replica_stats`), labelled
+``engine-0``, ``engine-1``...
 
 This module holds the plan (pure, tested without vLLM): which device each engine gets, how the user's memory
 settings are split, which engines may start at once, and what ``engines="auto"`` picks; and the building of
