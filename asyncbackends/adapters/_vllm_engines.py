@@ -10,8 +10,12 @@ This module holds the plan (pure, tested without vLLM): which device each engine
 settings are split, which engines may start at once, and what ``engines="auto"`` picks; and the building of
 the engines from that plan.
 
-Start-up: engines start at once where vLLM allows it, in waves (`start_waves`). vLLM sizes an engine's KV
-cache by profiling its device's free memory, assuming no other process changes it meanwhile (its
+Start-up: engines start at once where vLLM allows it, in waves (`start_waves`). Only engine cores that vLLM
+spawns may start together: it forks them by default on a GPU, and a fork taken while other threads of this
+process are inside vLLM's start-up can copy a lock one of them holds into the child, which then waits on it
+forever (six engines started at once on one H200 did not come up in 170 s; one after another they took 78 s).
+vLLM spawns on a CPU always, on a GPU with ``VLLM_WORKER_MULTIPROC_METHOD=spawn``. Then: vLLM sizes an
+engine's KV cache by profiling its device's free memory, assuming no other process changes it meanwhile (its
 ``determine_available_memory``), so engines sharing a GPU whose memory is profiled start one after another;
 engines on different GPUs, or whose KV cache size is given (``kv_cache_memory_bytes``, and always on a CPU),
 start together. A compiling engine starts alone first: it fills vLLM's compile cache, which the others then
@@ -61,6 +65,7 @@ _ROUTINGS = ("least_loaded", "affinity")
 _CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _PARALLEL_OPTIONS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 _DEVICE_OPTION = "device_ids"  # vLLM's engine option placing an engine on GPUs by their visible index
+_START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"  # how vLLM starts the engine core: fork (default) or spawn
 # vLLM's own default when neither gpu_memory_utilization nor kv_cache_memory_bytes is given (EngineArgs).
 _DEFAULT_UTILIZATION = 0.92
 _GIB = 1 << 30
@@ -182,13 +187,16 @@ def plan_engines(
     return plans
 
 
-def start_waves(plans: Sequence[EnginePlan], *, on_cpu: bool) -> list[list[EnginePlan]]:
+def start_waves(plans: Sequence[EnginePlan], *, on_cpu: bool, spawned: bool) -> list[list[EnginePlan]]:
     """Which engines start at once: waves in order, each wave's engines together (see the module docstring).
 
+    ``spawned``: vLLM spawns the engine cores (it does on a CPU); if it forks them, every wave is one engine.
     A compiling engine (``enforce_eager`` not set) starts alone first. Then an engine joins the last wave if
     it starts with the wave's environment and, where vLLM profiles its device's memory (a GPU, no
     ``kv_cache_memory_bytes``), no other engine of the wave is on that device; otherwise it opens the next.
     """
+    if not spawned:
+        return [[plan] for plan in plans]
     rest = list(plans)
     alone = [[rest.pop(0)]] if rest and not rest[0].options.get("enforce_eager") else []
     waves: list[list[EnginePlan]] = []
@@ -308,7 +316,8 @@ async def create_engines(
     )
     built: dict[str, Any] = {}
     try:
-        for wave in start_waves(plans, on_cpu=cpu):
+        spawned = cpu or os.environ.get(_START_METHOD_ENV) == "spawn"  # vLLM spawns on a CPU always
+        for wave in start_waves(plans, on_cpu=cpu, spawned=spawned):
             group = object() if len(wave) > 1 else None  # the token its starts share (`start_engine`)
             started = await asyncio.gather(
                 *(cls._build(model, p.options, env=p.env, start_group=group, **(chat or {})) for p in wave),

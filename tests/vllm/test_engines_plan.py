@@ -136,32 +136,40 @@ def _labels(waves: list[list[Any]]) -> list[list[str]]:
 def test_engines_sharing_a_gpu_whose_memory_vllm_profiles_start_one_after_another() -> None:
     eager = {"enforce_eager": True}
     plans = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0"])
-    assert _labels(start_waves(plans, on_cpu=False)) == [["0"], ["1"], ["2"]]
+    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0"], ["1"], ["2"]]
 
 
 def test_engines_on_different_gpus_start_together_one_a_gpu_at_a_time() -> None:
     eager = {"enforce_eager": True}
     plans = plan_engines(5, eager, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
-    assert _labels(start_waves(plans, on_cpu=False)) == [["0", "1"], ["2", "3"], ["4"]]
+    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1"], ["2", "3"], ["4"]]
     # Placed through the environment, each start needs its own: one after another.
     by_env = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0", "1"])
-    assert _labels(start_waves(by_env, on_cpu=False)) == [["0"], ["1"], ["2"]]
+    assert _labels(start_waves(by_env, on_cpu=False, spawned=True)) == [["0"], ["1"], ["2"]]
 
 
 def test_a_given_kv_cache_size_or_a_cpu_lets_every_engine_start_together() -> None:
     sized = {"enforce_eager": True, "kv_cache_memory_bytes": 4 * GIB}  # vLLM then skips the profiling
     plans = plan_engines(4, sized, environ={}, on_cpu=False, devices=["0"])
-    assert _labels(start_waves(plans, on_cpu=False)) == [["0", "1", "2", "3"]]
+    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1", "2", "3"]]
     cpu = plan_engines(3, {"enforce_eager": True}, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}, on_cpu=True)
-    assert _labels(start_waves(cpu, on_cpu=True)) == [["0", "1", "2"]]
+    assert _labels(start_waves(cpu, on_cpu=True, spawned=True)) == [["0", "1", "2"]]
+
+
+def test_engine_cores_vllm_forks_start_one_after_another_whatever_else_would_allow() -> None:
+    # A fork taken while other threads are inside vLLM's start-up can leave the child waiting on a lock.
+    sized = {"enforce_eager": True, "kv_cache_memory_bytes": 4 * GIB}
+    plans = plan_engines(3, sized, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
+    assert _labels(start_waves(plans, on_cpu=False, spawned=False)) == [["0"], ["1"], ["2"]]
+    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1", "2"]]
 
 
 def test_a_compiling_engine_starts_alone_first_then_the_others_read_its_compile_cache() -> None:
     cpu = plan_engines(3, {}, environ={}, on_cpu=True)
-    assert _labels(start_waves(cpu, on_cpu=True)) == [["0"], ["1", "2"]]
+    assert _labels(start_waves(cpu, on_cpu=True, spawned=True)) == [["0"], ["1", "2"]]
     gpus = plan_engines(4, {}, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
-    assert _labels(start_waves(gpus, on_cpu=False)) == [["0"], ["1", "2"], ["3"]]
-    assert start_waves([], on_cpu=True) == []
+    assert _labels(start_waves(gpus, on_cpu=False, spawned=True)) == [["0"], ["1", "2"], ["3"]]
+    assert start_waves([], on_cpu=True, spawned=True) == []
 
 
 def test_the_cpu_kv_cache_space_is_the_total_and_hidden_from_each_engines_start() -> None:
@@ -266,9 +274,16 @@ def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backe
 def test_the_engines_of_a_wave_are_started_as_one_group_and_the_backend_keeps_the_plans_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # vLLM's default on a GPU: one at a time
+    forked = _create(monkeypatch, 4, None, place_by_option=True, enforce_eager=True)
+    try:
+        assert _Adapter.groups == [None] * 4
+    finally:
+        forked.close()
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     backend = _create(monkeypatch, 4, None, place_by_option=True, enforce_eager=True)
     try:
-        # Two GPUs, memory profiled: engines 0 and 1 together, then 2 and 3.
+        # Two GPUs, memory profiled, engine cores spawned: engines 0 and 1 together, then 2 and 3.
         assert [b.options["device_ids"] for b in _Adapter.built] == [[0], [1], [0], [1]]
         first, second = _Adapter.groups[0], _Adapter.groups[2]
         assert first is not None and second is not None and first is not second
