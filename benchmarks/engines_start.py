@@ -1,17 +1,14 @@
 """How long ``create_backend("vllm", engines=N)`` takes to start, one wave at a time or several at once.
 
-Issue 29 asks that engines start concurrently where vLLM allows. Only spawned engine cores start together (a
-CPU; on a GPU, ``VLLM_WORKER_MULTIPROC_METHOD=spawn``: vLLM forks by default, see docs/adapters/vllm.md). On
-one GPU vLLM then profiles each engine's memory and assumes nothing else changes it meanwhile, so engines
-start one after another, unless the KV cache size is given (``kv_cache_memory_bytes``): then they start
-together, a compiling engine-0 first alone (it fills the compile cache). Each mode is a fresh process; each
-starts N engines, notes when each engine's build began and ended (overlapping builds started together),
-generates greedily on the same token-id prompts and writes the outputs, which must be the same in every mode.
+Issue 29 asks that engines start concurrently where vLLM allows: on a CPU they start together, on a GPU one
+after another (docs/adapters/vllm.md, "Start-up"). Each mode is a fresh process; each starts N engines, notes
+when each engine's build began and ended (overlapping builds started together), generates greedily on the same
+token-id prompts and writes the outputs, which must be the same in every mode.
 
     python benchmarks/engines_start.py --model-dir DIR --engines 6 --kv-gib 12 --modes profiled sized
 
-Modes: ``profiled`` (vLLM sizes each KV cache: one after another), ``sized`` (``kv_cache_memory_bytes``
-given: together), each eager; ``-compiled`` variants with torch.compile and CUDA graphs.
+Modes: ``profiled`` (vLLM sizes each KV cache), ``sized`` (``kv_cache_memory_bytes`` given), each eager;
+``-compiled`` variants with torch.compile and CUDA graphs.
 """
 
 from __future__ import annotations

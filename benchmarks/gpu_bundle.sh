@@ -25,6 +25,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 tar -C "$WORK" -cf - site | xz -T0 -6 > "$WORK/site.tar.xz"
 rm -rf .vp/s1 .vp/s2 && mkdir -p .vp/s1 .vp/s2
 (cd "$WORK" && split -b 44m -d -a 1 site.tar.xz site.part- && sha256sum site.tar.xz | awk '{print $1}' > sha)
+# Two calls carry two parts; a third would be left behind and only show as a checksum error on the GPU.
+[ "$(ls "$WORK"/site.part-* | wc -l)" = 2 ] || { echo "the bundle needs more than two 44 MiB parts"; exit 3; }
 mv "$WORK/site.part-0" .vp/s1/ && mv "$WORK/site.part-1" "$WORK/sha" .vp/s2/
 cat > .vp/s2/install.sh <<'INSTALL'
 #!/usr/bin/env bash

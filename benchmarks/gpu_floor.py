@@ -20,8 +20,8 @@ sampling, scheduling, is left out, so the floor is below any real run):
 
 Writes ``$OUT/gpu_floor.json`` and prints a table: the floor in seconds and the most requests a second it
 allows, which an ``engines_per_gpu.py`` run compares with its processes' times. ``--time-slicing N`` also
-measures N processes launching the decode step's largest product at once against one process launching them
-all (what the GPU's time-slicing between processes costs without an engine around it).
+measures N processes launching the decode step's largest per-layer product (gate_up) at once against one
+process launching them all (what the GPU's time-slicing between processes costs without an engine around it).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def time_slicing(processes: int, shape: tuple[int, int], batch: int, launches: i
     """Products a second from ``processes`` processes sharing the GPU against one process doing all of them.
 
     Without MPS the GPU runs one process's kernels at a time; this measures what that costs on its own,
-    with the largest product of a decode step, no engine around it.
+    with a decode step's largest per-layer product (gate_up), no engine around it.
     """
     import multiprocessing
 

@@ -69,13 +69,15 @@ class _StartGate:
         """Hold the gate for ``group`` (an object of its own for a start alone), its ``env`` applied."""
         with self._changed:
             self.waiting += 1
-            self._changed.wait_for(lambda: self._holders == 0 or self._group is group)
-            self.waiting -= 1
+            try:
+                self._changed.wait_for(lambda: self._holders == 0 or self._group is group)
+            finally:
+                self.waiting -= 1
             if self._holders == 0:
-                self._group = group
                 # Read here, with no start's changes in place: a grace already set is the user's own.
                 self._saved = _apply({**_worker_stop_env(), **env})
                 self._threads = _torch_threads()
+                self._group = group
             self._holders += 1
         try:
             yield
@@ -83,11 +85,13 @@ class _StartGate:
             with self._changed:
                 self._holders -= 1
                 if self._holders == 0:
-                    _apply(self._saved)  # puts back what it replaced
-                    if self._threads is not None:
-                        _set_torch_threads(self._threads)
-                    self._group = None
-                    self._changed.notify_all()
+                    try:
+                        _apply(self._saved)  # puts back what it replaced
+                        if self._threads is not None:
+                            _set_torch_threads(self._threads)
+                    finally:
+                        self._group = None
+                        self._changed.notify_all()
 
 
 _GATE = _StartGate()
@@ -99,10 +103,10 @@ async def start_engine(
     """Build the engine in a thread of its own with the offline ``LLM`` class's scheduler defaults.
 
     ``env`` overrides environment variables (``None`` removes one) while the engine starts, under the start
-    gate: its processes inherit them (one of several engines gets its memory share this way). Starts take
-    the gate one at a time, except those given one ``group`` (any object they share), which overlap: the
-    caller vouches that vLLM allows it for them and that they start with the same ``env``
-    (``_vllm_engines.start_waves`` decides which).
+    gate: its processes inherit them (one of several engines gets its device or memory share this way).
+    Starts take the gate one at a time, except those given one ``group`` (any object they share), which
+    overlap: the caller vouches that vLLM allows it for them and that they start with the same ``env``
+    (``_vllm_engines.start_waves`` decides which: on a CPU only).
 
     The thread is a daemon, so a process that gives up on a start (Ctrl-C, a cancelled caller) can exit
     without waiting for it. Cancelling the caller cannot stop the build itself: the engine is shut down as
@@ -142,13 +146,20 @@ def _worker_stop_env() -> dict[str, str]:
 
 
 def _apply(env: Mapping[str, str | None]) -> dict[str, str | None]:
-    """Apply ``env`` to ``os.environ`` (``None`` removes a variable); return what to restore."""
+    """Apply ``env`` to ``os.environ`` (``None`` removes a variable); return what to restore.
+
+    All or nothing: a value the environment refuses (a NUL byte) puts back what was already set.
+    """
     saved = {name: os.environ.get(name) for name in env}
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    except BaseException:
+        _apply(saved)
+        raise
     return saved
 
 

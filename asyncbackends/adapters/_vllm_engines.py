@@ -10,18 +10,15 @@ This module holds the plan (pure, tested without vLLM): which device each engine
 settings are split, which engines may start at once, and what ``engines="auto"`` picks; and the building of
 the engines from that plan.
 
-Start-up: engines start at once where vLLM allows it, in waves (`start_waves`). Only engine cores that vLLM
-spawns may start together: it forks them by default on a GPU, and a fork taken while other threads of this
-process are inside vLLM's start-up can copy a lock one of them holds into the child, which then waits on it
-forever (six engines started at once on one H200 did not come up in 170 s; one after another they took 78 s).
-vLLM spawns on a CPU always, on a GPU with ``VLLM_WORKER_MULTIPROC_METHOD=spawn``. Then: vLLM sizes an
-engine's KV cache by profiling its device's free memory, assuming no other process changes it meanwhile (its
-``determine_available_memory``), so engines sharing a GPU whose memory is profiled start one after another;
-engines on different GPUs, or whose KV cache size is given (``kv_cache_memory_bytes``, and always on a CPU),
-start together. A compiling engine starts alone first: it fills vLLM's compile cache, which the others then
-read instead of all writing it at once. Engines start together only when they start with the same
-environment, so where vLLM can place an engine by option (``device_ids``) the GPU is chosen that way, not
-through ``CUDA_VISIBLE_DEVICES``.
+Start-up: engines start at once where vLLM allows it (`start_waves`), which is on a CPU only. On a GPU vLLM's
+start-up is not safe to overlap within one process: its launcher sets ``OMP_NUM_THREADS`` around each
+engine-core launch and restores it, with no lock (two overlapping starts can leave an engine core without the
+limit); it forks the engine core by default, and a fork taken while other threads are inside vLLM's start-up
+can copy a lock one of them holds into the child, which then waits on it forever (six engines started at once
+on one H200 had not come up after 170 s; one after another they took 78 s); and it sizes an engine's KV cache
+by profiling the GPU's free memory, assuming no other process changes it meanwhile. On a CPU vLLM spawns the
+engine core, skips those thread settings and is given the KV cache size: the engines start together, a
+compiling engine-0 alone first (it fills vLLM's compile cache, which the others then read).
 
 Memory: the user's ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` and ``VLLM_CPU_KVCACHE_SPACE`` are
 the total for a device, divided between the engines placed on it. On a CPU, ``VLLM_CPU_KVCACHE_SPACE`` wins
@@ -64,8 +61,7 @@ AUTO_ENGINES_PER_GPU = 6
 _ROUTINGS = ("least_loaded", "affinity")
 _CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _PARALLEL_OPTIONS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-_DEVICE_OPTION = "device_ids"  # vLLM's engine option placing an engine on GPUs by their visible index
-_START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"  # how vLLM starts the engine core: fork (default) or spawn
+_DEVICE_OPTION = "device_ids"  # vLLM's own GPU placement, which would fight the engines' (refused with them)
 # vLLM's own default when neither gpu_memory_utilization nor kv_cache_memory_bytes is given (EngineArgs).
 _DEFAULT_UTILIZATION = 0.92
 _GIB = 1 << 30
@@ -77,8 +73,7 @@ class EnginePlan:
 
     Attributes:
         label: Its replica label, ``engine-<i>``.
-        options: Its engine arguments (the user's, with its share of the memory, and its GPU as
-            ``device_ids`` where placed by option).
+        options: Its engine arguments (the user's, with its share of the memory).
         env: Environment overrides while it starts (``None`` removes a variable); its processes inherit them.
         device: The device it runs on (a ``CUDA_VISIBLE_DEVICES`` entry), ``None`` on a CPU or the one GPU.
     """
@@ -141,7 +136,6 @@ def plan_engines(
     environ: Mapping[str, str],
     on_cpu: bool,
     devices: Sequence[str] = (),
-    place_by_option: bool = False,
 ) -> list[EnginePlan]:
     """Place ``count`` engines round-robin over ``devices``; split each device's memory between its engines.
 
@@ -151,8 +145,6 @@ def plan_engines(
         environ: The process environment (read only).
         on_cpu: Whether vLLM runs on the CPU (one device: the RAM).
         devices: The visible GPUs (`visible_devices`); ignored on a CPU.
-        place_by_option: Whether vLLM has the ``device_ids`` option: an engine's GPU is then its index
-            among ``devices`` in that option, else its ``CUDA_VISIBLE_DEVICES`` while it starts.
 
     Returns:
         One plan per engine, ``engine-0`` first.
@@ -167,10 +159,7 @@ def plan_engines(
         share = sharing[place]
         own = dict(options)
         env: dict[str, str | None] = {}
-        if place is not None and place_by_option:
-            # vLLM reads device_ids as indices into the visible GPUs.
-            own[_DEVICE_OPTION] = [list(devices).index(place)]
-        elif place is not None:
+        if place is not None:
             env["CUDA_VISIBLE_DEVICES"] = place  # the engine's processes see their one GPU as cuda:0
         if cpu_space:
             # vLLM's CPU platform would overwrite each engine's kv_cache_memory_bytes with the whole space.
@@ -187,32 +176,17 @@ def plan_engines(
     return plans
 
 
-def start_waves(plans: Sequence[EnginePlan], *, on_cpu: bool, spawned: bool) -> list[list[EnginePlan]]:
+def start_waves(plans: Sequence[EnginePlan], *, on_cpu: bool) -> list[list[EnginePlan]]:
     """Which engines start at once: waves in order, each wave's engines together (see the module docstring).
 
-    ``spawned``: vLLM spawns the engine cores (it does on a CPU); if it forks them, every wave is one engine.
-    A compiling engine (``enforce_eager`` not set) starts alone first. Then an engine joins the last wave if
-    it starts with the wave's environment and, where vLLM profiles its device's memory (a GPU, no
-    ``kv_cache_memory_bytes``), no other engine of the wave is on that device; otherwise it opens the next.
+    On a GPU one engine a wave. On a CPU all together (they start with the same environment), except that a
+    compiling engine-0 (``enforce_eager`` not set) starts alone first.
     """
-    if not spawned:
+    if not on_cpu or any(plan.env != plans[0].env for plan in plans):
         return [[plan] for plan in plans]
     rest = list(plans)
     alone = [[rest.pop(0)]] if rest and not rest[0].options.get("enforce_eager") else []
-    waves: list[list[EnginePlan]] = []
-    for plan in rest:
-        if waves and _may_join(waves[-1], plan, on_cpu=on_cpu):
-            waves[-1].append(plan)
-        else:
-            waves.append([plan])
-    return alone + waves
-
-
-def _may_join(wave: list[EnginePlan], plan: EnginePlan, *, on_cpu: bool) -> bool:
-    if plan.env != wave[0].env:
-        return False  # the environment is process-wide while the wave starts
-    profiled = not on_cpu and "kv_cache_memory_bytes" not in plan.options
-    return not profiled or all(other.device != plan.device for other in wave)
+    return alone + ([rest] if rest else [])
 
 
 def estimate_parameters(config: Mapping[str, Any]) -> float | None:
@@ -292,13 +266,13 @@ async def create_engines(
     routing: str | None,
     engine_args: dict[str, Any],
     chat: Mapping[str, Any] | None = None,
-    *,
-    place_by_option: bool = False,
 ) -> Any:
     """Build the engines from the plan, wave by wave (`start_waves`), then the pool over them.
 
-    See `VLLMBackend.create`. ``place_by_option``: vLLM has the ``device_ids`` option (`plan_engines`). If
-    an engine fails to start, the others of its wave finish starting and every started engine is closed.
+    See `VLLMBackend.create`. If an engine fails to start, the others of its wave finish starting; then every
+    started engine is closed and the first failure raised (the others noted on it). If the caller gives up
+    (cancellation), the starts under way are cancelled (each shuts its engine down once built) and the
+    engines already started are closed.
     """
     from ._vllm_checks import _on_cpu, engine_defaults
 
@@ -311,24 +285,11 @@ async def create_engines(
     else:
         count = int(engines)
     options = {**engine_defaults(engine_args), **engine_args}
-    plans = plan_engines(
-        count, options, environ=os.environ, on_cpu=cpu, devices=devices, place_by_option=place_by_option
-    )
+    plans = plan_engines(count, options, environ=os.environ, on_cpu=cpu, devices=devices)
     built: dict[str, Any] = {}
     try:
-        spawned = cpu or os.environ.get(_START_METHOD_ENV) == "spawn"  # vLLM spawns on a CPU always
-        for wave in start_waves(plans, on_cpu=cpu, spawned=spawned):
-            group = object() if len(wave) > 1 else None  # the token its starts share (`start_engine`)
-            started = await asyncio.gather(
-                *(cls._build(model, p.options, env=p.env, start_group=group, **(chat or {})) for p in wave),
-                return_exceptions=True,
-            )
-            built |= {
-                p.label: e for p, e in zip(wave, started, strict=True) if not isinstance(e, BaseException)
-            }
-            failed = [e for e in started if isinstance(e, BaseException)]
-            if failed:
-                raise failed[0]
+        for wave in start_waves(plans, on_cpu=cpu):
+            await _start_wave(cls, model, wave, chat or {}, built)
         backend = VLLMEnginesBackend(
             [built[p.label] for p in plans],
             routing=routing or "least_loaded",
@@ -344,6 +305,30 @@ async def create_engines(
         await backend.aclose()
         raise
     return backend
+
+
+async def _start_wave(
+    cls: Any, model: str, wave: list[EnginePlan], chat: Mapping[str, Any], built: dict[str, Any]
+) -> None:
+    """Start a wave's engines at once (one start-gate group), adding each started one to ``built``."""
+    group = object() if len(wave) > 1 else None  # the token the wave's starts share (`start_engine`)
+    tasks = [
+        asyncio.ensure_future(cls._build(model, p.options, env=p.env, start_group=group, **chat))
+        for p in wave
+    ]
+    try:
+        await asyncio.wait(tasks)
+    finally:
+        for plan, task in zip(wave, tasks, strict=True):
+            if not task.done():
+                task.cancel()  # the caller gave up: the start shuts its engine down once built
+            elif not task.cancelled() and task.exception() is None:
+                built[plan.label] = task.result()
+    failed = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
+    if failed:
+        for other in failed[1:]:
+            failed[0].add_note(f"another engine failed to start too: {other!r}")
+        raise failed[0]
 
 
 def _device_count() -> int:

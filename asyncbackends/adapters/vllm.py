@@ -173,9 +173,8 @@ class VLLMBackend(BaseBackend):
         if count != 1:
             check_before_import(cls.name, model, engine_args)
             await asyncio.to_thread(import_vllm, globals())
-            engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
             several: VLLMBackend | VLLMEnginesBackend = await create_engines(
-                cls, model, count, routing, engine_args, chat, place_by_option="device_ids" in engine_fields
+                cls, model, count, routing, engine_args, chat
             )
             return several
         return await cls._build(model, engine_args, env=None, **chat)

@@ -158,15 +158,18 @@ def test_the_starts_of_one_group_overlap_and_a_start_of_another_waits_for_them(
     threads = torch.get_num_threads()
     group, env = object(), {"ASYNCBACKENDS_TEST_START": "set"}
     manager = ab.get_loop_manager()
-    together = [manager.submit(_vllm_engine.start_engine(NO_ARGS, env, group)) for _ in range(2)]
-    held.wait_running(2)  # both inside the build at once
-    alone = manager.submit(_vllm_engine.start_engine(NO_ARGS))
-    deadline = time.monotonic() + 300
-    while _vllm_engine._GATE.waiting != 1:  # the lone start is queued at the gate, not building
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert held.running == 2
-    held.release.set()
+    waiting = _vllm_engine._GATE.waiting  # another test's start may still be queued: count from here
+    try:
+        together = [manager.submit(_vllm_engine.start_engine(NO_ARGS, env, group)) for _ in range(2)]
+        held.wait_running(2)  # both inside the build at once
+        alone = manager.submit(_vllm_engine.start_engine(NO_ARGS))
+        deadline = time.monotonic() + 300
+        while _vllm_engine._GATE.waiting != waiting + 1:  # the lone start is queued at the gate, not building
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert held.running == 2
+    finally:
+        held.release.set()  # never leave a build holding the gate for later tests
     for start in [*together, alone]:
         start.result(timeout=300)
     assert held.most_at_once == 2

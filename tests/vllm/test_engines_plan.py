@@ -70,7 +70,7 @@ def test_engines_with_parallel_engines_is_refused() -> None:
     assert check_engines(1, None, {"tensor_parallel_size": 2}) == 1
 
 
-def test_engines_place_themselves_so_device_ids_is_refused_with_several() -> None:
+def test_engines_place_themselves_so_vllms_device_ids_is_refused_with_several() -> None:
     with pytest.raises(
         InvalidRequestError, match="choose the GPUs with CUDA_VISIBLE_DEVICES, not device_ids"
     ):
@@ -119,57 +119,29 @@ def test_engines_go_round_robin_over_the_visible_gpus_each_splitting_its_own_mem
     assert visible_devices({}, device_count=2) == ["0", "1"]
 
 
-def test_where_vllm_places_engines_by_option_their_gpu_is_an_index_and_not_the_environment() -> None:
-    devices = ["2", "5", "7"]  # CUDA_VISIBLE_DEVICES: vLLM reads device_ids as indices into it
-    plans = plan_engines(4, {}, environ={}, on_cpu=False, devices=devices, place_by_option=True)
-    assert [p.options["device_ids"] for p in plans] == [[0], [1], [2], [0]]
-    assert [p.device for p in plans] == ["2", "5", "7", "2"]
-    assert all(p.env == {} for p in plans)  # nothing process-wide: the engines may start together
-    one_gpu = plan_engines(2, {}, environ={}, on_cpu=False, devices=["0"], place_by_option=True)
-    assert all("device_ids" not in p.options for p in one_gpu)
-
-
 def _labels(waves: list[list[Any]]) -> list[list[str]]:
     return [[plan.label.removeprefix("engine-") for plan in wave] for wave in waves]
 
 
-def test_engines_sharing_a_gpu_whose_memory_vllm_profiles_start_one_after_another() -> None:
-    eager = {"enforce_eager": True}
-    plans = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0"])
-    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0"], ["1"], ["2"]]
-
-
-def test_engines_on_different_gpus_start_together_one_a_gpu_at_a_time() -> None:
-    eager = {"enforce_eager": True}
-    plans = plan_engines(5, eager, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
-    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1"], ["2", "3"], ["4"]]
-    # Placed through the environment, each start needs its own: one after another.
-    by_env = plan_engines(3, eager, environ={}, on_cpu=False, devices=["0", "1"])
-    assert _labels(start_waves(by_env, on_cpu=False, spawned=True)) == [["0"], ["1"], ["2"]]
-
-
-def test_a_given_kv_cache_size_or_a_cpu_lets_every_engine_start_together() -> None:
-    sized = {"enforce_eager": True, "kv_cache_memory_bytes": 4 * GIB}  # vLLM then skips the profiling
-    plans = plan_engines(4, sized, environ={}, on_cpu=False, devices=["0"])
-    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1", "2", "3"]]
-    cpu = plan_engines(3, {"enforce_eager": True}, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}, on_cpu=True)
-    assert _labels(start_waves(cpu, on_cpu=True, spawned=True)) == [["0", "1", "2"]]
-
-
-def test_engine_cores_vllm_forks_start_one_after_another_whatever_else_would_allow() -> None:
-    # A fork taken while other threads are inside vLLM's start-up can leave the child waiting on a lock.
+def test_on_a_gpu_engines_start_one_after_another_whatever_their_devices_or_memory() -> None:
+    # vLLM's start-up sets OMP_NUM_THREADS around each GPU engine-core launch with no lock, forks the engine
+    # core, and profiles the GPU's memory: overlapping starts in one process are not safe there.
     sized = {"enforce_eager": True, "kv_cache_memory_bytes": 4 * GIB}
-    plans = plan_engines(3, sized, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
-    assert _labels(start_waves(plans, on_cpu=False, spawned=False)) == [["0"], ["1"], ["2"]]
-    assert _labels(start_waves(plans, on_cpu=False, spawned=True)) == [["0", "1", "2"]]
+    for devices in (["0"], ["0", "1"]):
+        plans = plan_engines(3, sized, environ={}, on_cpu=False, devices=devices)
+        assert _labels(start_waves(plans, on_cpu=False)) == [["0"], ["1"], ["2"]]
 
 
-def test_a_compiling_engine_starts_alone_first_then_the_others_read_its_compile_cache() -> None:
-    cpu = plan_engines(3, {}, environ={}, on_cpu=True)
-    assert _labels(start_waves(cpu, on_cpu=True, spawned=True)) == [["0"], ["1", "2"]]
-    gpus = plan_engines(4, {}, environ={}, on_cpu=False, devices=["0", "1"], place_by_option=True)
-    assert _labels(start_waves(gpus, on_cpu=False, spawned=True)) == [["0"], ["1", "2"], ["3"]]
-    assert start_waves([], on_cpu=True, spawned=True) == []
+def test_on_a_cpu_engines_start_together_a_compiling_engine_0_alone_first() -> None:
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    eager = plan_engines(3, {"enforce_eager": True}, environ=environ, on_cpu=True)
+    assert _labels(start_waves(eager, on_cpu=True)) == [["0", "1", "2"]]
+    compiling = plan_engines(
+        3, {}, environ=environ, on_cpu=True
+    )  # it fills the compile cache the others read
+    assert _labels(start_waves(compiling, on_cpu=True)) == [["0"], ["1", "2"]]
+    assert _labels(start_waves(compiling[:1], on_cpu=True)) == [["0"]]
+    assert start_waves([], on_cpu=True) == []
 
 
 def test_the_cpu_kv_cache_space_is_the_total_and_hidden_from_each_engines_start() -> None:
@@ -239,17 +211,15 @@ def _create(
     monkeypatch: pytest.MonkeyPatch,
     engines: int | str,
     routing: str | None,
-    place_by_option: bool = False,
+    *,
+    cpu: bool = False,
     **args: Any,
 ) -> Any:
-    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: cpu)
     monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
     _Adapter.built, _Adapter.groups = [], []
-    created = _vllm_engines.create_engines(
-        _Adapter, "/models/x", engines, routing, dict(args), place_by_option=place_by_option
-    )
-    return asyncio.run(created)
+    return asyncio.run(_vllm_engines.create_engines(_Adapter, "/models/x", engines, routing, dict(args)))
 
 
 def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backend(
@@ -271,31 +241,22 @@ def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backe
     assert all(b.closed for b in _Adapter.built)
 
 
-def test_the_engines_of_a_wave_are_started_as_one_group_and_the_backend_keeps_the_plans_order(
+def test_a_waves_engines_start_as_one_group_and_the_backend_keeps_the_plans_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # vLLM's default on a GPU: one at a time
-    forked = _create(monkeypatch, 4, None, place_by_option=True, enforce_eager=True)
+    on_gpus = _create(monkeypatch, 3, None, enforce_eager=True)
     try:
-        assert _Adapter.groups == [None] * 4
+        assert _Adapter.groups == [None] * 3  # one at a time: a start alone shares the gate with nobody
     finally:
-        forked.close()
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    backend = _create(monkeypatch, 4, None, place_by_option=True, enforce_eager=True)
+        on_gpus.close()
+    backend = _create(monkeypatch, 3, None, cpu=True, enforce_eager=True)
     try:
-        # Two GPUs, memory profiled, engine cores spawned: engines 0 and 1 together, then 2 and 3.
-        assert [b.options["device_ids"] for b in _Adapter.built] == [[0], [1], [0], [1]]
-        first, second = _Adapter.groups[0], _Adapter.groups[2]
-        assert first is not None and second is not None and first is not second
-        assert _Adapter.groups == [first, first, second, second]
+        group = _Adapter.groups[0]
+        assert group is not None and _Adapter.groups == [group] * 3
         assert backend.engines == _Adapter.built
+        assert [s.label for s in backend.replica_stats()] == ["engine-0", "engine-1", "engine-2"]
     finally:
         backend.close()
-    alone = _create(monkeypatch, 2, None, place_by_option=True)  # compiling: engine-0 alone, then engine-1
-    try:
-        assert _Adapter.groups == [None, None]  # a wave of one shares the gate with nobody
-    finally:
-        alone.close()
 
 
 def test_auto_on_a_model_of_unknown_size_builds_the_plain_backend(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,3 +300,44 @@ def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: p
         asyncio.run(_vllm_engines.create_engines(_Failing, "/models/x", 3, None, {}))
     assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
     assert _Failing.groups[0] is None and _Failing.groups[1] is not None
+
+
+def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class _OneHangs(_Adapter):
+        calls = 0
+        others_up: asyncio.Event  # engines 0 and 2 built, engine 1 still starting
+        given_up: asyncio.Event  # engine 1's start was cancelled
+
+        @classmethod
+        async def _build(
+            cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+        ) -> _Built:
+            cls.calls += 1
+            if cls.calls == 2:  # engine-1 never comes up
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    cls.given_up.set()
+            built = await super()._build(model, options, env=env, start_group=start_group)
+            if len(cls.built) == 2:
+                cls.others_up.set()
+            return built
+
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
+    _OneHangs.built, _OneHangs.groups = [], []
+
+    async def give_up() -> None:
+        _OneHangs.others_up, _OneHangs.given_up = asyncio.Event(), asyncio.Event()
+        task = asyncio.ensure_future(
+            _vllm_engines.create_engines(_OneHangs, "/models/x", 3, None, {"enforce_eager": True})
+        )
+        await _OneHangs.others_up.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _OneHangs.given_up.wait()
+
+    asyncio.run(give_up())
+    assert len(_OneHangs.built) == 2 and all(b.closed for b in _OneHangs.built)
