@@ -41,13 +41,17 @@ from gpu_workload import generation_prompts
 PREFILL_CHUNK = 16384
 
 
-def layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of one decoder layer's four products and of the LM head."""
-    hidden = int(config["hidden_size"])
+def _attention(config: dict[str, Any]) -> tuple[int, int, int]:
+    """Query heads, key/value heads and head size, with Llama's defaults for the ones left out."""
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    intermediate = int(config["intermediate_size"])
+    return heads, kv_heads, int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+
+
+def layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of one decoder layer's four products and of the LM head."""
+    hidden, intermediate = int(config["hidden_size"]), int(config["intermediate_size"])
+    heads, kv_heads, head_dim = _attention(config)
     return {
         "qkv": (hidden, (heads + 2 * kv_heads) * head_dim),
         "o": (heads * head_dim, hidden),
@@ -59,9 +63,7 @@ def layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int:
     """Bytes of K and V one token keeps in the cache, all layers."""
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    _, kv_heads, head_dim = _attention(config)
     return int(config["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes
 
 

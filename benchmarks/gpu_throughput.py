@@ -222,49 +222,36 @@ def run_suites(args: argparse.Namespace) -> int:
         (out / f"gpu_{name}.json").write_text(json.dumps(results, indent=1))
         (out / f"gpu_{name}.md").write_text(markdown(results))
 
-    monitor = Monitor()
+    monitor, samples = Monitor(), out / f"gpu_{name}_monitor.csv"
     try:
         with open(out / f"gpu_{name}.log", "w") as logfile:
-            _run_all(args, out, name, deadline, logfile, results, save, monitor)
+            for suite in args.suites:
+                outcomes: dict[str, list[dict[str, Any] | None]] = {}
+                for number, step in enumerate(_suite(suite, args)):
+                    left = deadline - time.monotonic()
+                    modes = [mode for mode, _ in step]
+                    if left < args.min_step:
+                        log(f"{suite}: {left:.0f}s left, skipping {modes}")
+                        for mode in modes:
+                            outcomes.setdefault(mode, []).append(None)
+                        save(suite, outcomes)
+                        continue
+                    snapshot = {"suite": suite, "modes": modes, **machine_snapshot()}
+                    results["steps"].append(snapshot)
+                    load, gpus = snapshot["loadavg"], snapshot["gpus"]
+                    log(f"{suite}: machine before {modes}: load {load}, gpus {gpus}")
+                    outcome = _run_step(args, suite, step, deadline, logfile, number)
+                    for mode, one in zip(modes, outcome, strict=False):
+                        monitor.attach(one)
+                        outcomes.setdefault(mode, []).append(one)
+                    save(suite, outcomes)
+                    monitor.write(samples)  # after every step too, for a call cut short
     finally:
         monitor.stop()
-        monitor.write(out / f"gpu_{name}_monitor.csv")
+        monitor.write(samples)
     print(markdown(results), flush=True)
     # Every mode of every suite has a result; a skipped or failed one is None.
     return 0 if all(all(results["suites"].get(s, {None: None}).values()) for s in args.suites) else 1
-
-
-def _run_all(
-    args: argparse.Namespace,
-    out: Path,
-    name: str,
-    deadline: float,
-    logfile: Any,
-    results: dict[str, Any],
-    save: Any,
-    monitor: Monitor,
-) -> None:
-    """Each suite's steps in order, skipping those the deadline leaves no room for; saved after each."""
-    for suite in args.suites:
-        outcomes: dict[str, list[dict[str, Any] | None]] = {}
-        for number, step in enumerate(_suite(suite, args)):
-            left = deadline - time.monotonic()
-            modes = [mode for mode, _ in step]
-            if left < args.min_step:
-                log(f"{suite}: {left:.0f}s left, skipping {modes}")
-                for mode in modes:
-                    outcomes.setdefault(mode, []).append(None)
-                save(suite, outcomes)
-                continue
-            snapshot = {"suite": suite, "modes": modes, **machine_snapshot()}
-            results["steps"].append(snapshot)
-            log(f"{suite}: machine before {modes}: load {snapshot['loadavg']}, gpus {snapshot['gpus']}")
-            outcome = _run_step(args, suite, step, deadline, logfile, number)
-            for mode, one in zip(modes, outcome, strict=False):
-                monitor.attach(one)
-                outcomes.setdefault(mode, []).append(one)
-            save(suite, outcomes)
-            monitor.write(out / f"gpu_{name}_monitor.csv")
 
 
 def main() -> int:
