@@ -35,10 +35,31 @@ FAST_HEALTH = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# What a node's output says when a port it was given was taken (by Ray's own pick, or another process).
+PORT_CLASH = ("used by other components", "Address already in use", "address already in use")
+
+
+def free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct free ports, none in ``taken`` (which gains them).
+
+    The sockets stay bound until all are chosen: a port released and asked for again may come back, and two
+    components of one node given the same port make ``ray start`` refuse to run (seen in CI).
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                ports.append(port)
+                taken.add(port)
+    finally:
+        for sock in held:
+            sock.close()
+    return ports
 
 
 class LocalCluster:
@@ -52,7 +73,8 @@ class LocalCluster:
         # Short: Ray's sockets live under it, and a Unix socket path is limited to about 107 characters.
         self.tmp = Path(tempfile.mkdtemp(prefix="abrn", dir="/tmp"))
         self.object_store = str(object_store_mb * 1024**2)
-        self.port = free_port()
+        self.ports: set[int] = set()  # every port handed to a node of this cluster: none given twice
+        self.port = free_ports(1, self.ports)[0]
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: set[str] = set()
@@ -66,10 +88,26 @@ class LocalCluster:
             **FAST_HEALTH,
         )
 
-    def add_node(self, name: str, num_cpus: int) -> None:
-        """Start node ``name`` (the head if it is the first) and wait until the cluster counts it."""
-        head = not self.nodes
+    def add_node(self, name: str, num_cpus: int, attempts: int = 3) -> None:
+        """Start node ``name`` (the head if it is the first) and wait until the cluster counts it.
+
+        A node that exits because a port it was given was taken meanwhile is started again on fresh ports, up
+        to ``attempts`` times: a free port is only free until someone binds it.
+        """
         self.killed.discard(name)  # a node killed earlier may be started again under its name
+        for attempt in range(1, attempts + 1):
+            self._start_node(name, num_cpus)
+            try:
+                self.wait_for(lambda alive: name in alive, f"node {name} to join")
+                return
+            except NodeExited as exited:
+                clash = exited.name == name and any(c in exited.output for c in PORT_CLASH)
+                if not clash or attempt == attempts:
+                    raise
+
+    def _start_node(self, name: str, num_cpus: int) -> None:
+        head = not self.nodes or next(iter(self.nodes)) == name
+        ports = iter(free_ports(9, self.ports))
         command = [
             RAY,
             "start",
@@ -78,18 +116,18 @@ class LocalCluster:
             f"--num-cpus={num_cpus}",
             f"--resources={json.dumps({name: 1})}",
             f"--object-store-memory={self.object_store}",
-            f"--node-manager-port={free_port()}",
-            f"--object-manager-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--node-manager-port={next(ports)}",
+            f"--object-manager-port={next(ports)}",
+            f"--dashboard-agent-listen-port={next(ports)}",
+            f"--dashboard-agent-grpc-port={next(ports)}",
+            f"--runtime-env-agent-port={next(ports)}",
+            f"--metrics-export-port={next(ports)}",
             "--disable-usage-stats",
         ]
         if head:
             command += ["--head", f"--port={self.port}", "--include-dashboard=false"]
-            command += ["--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}"]
-            command += [f"--ray-client-server-port={free_port()}"]
+            command += ["--dashboard-host=127.0.0.1", f"--dashboard-port={next(ports)}"]
+            command += [f"--ray-client-server-port={next(ports)}"]
         else:
             command += [f"--address={self.address}"]
         log = (self.tmp / f"{name}.out").open("wb")
@@ -97,7 +135,6 @@ class LocalCluster:
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        self.wait_for(lambda alive: name in alive, f"node {name} to join")
 
     def alive(self) -> set[str]:
         """The names of the nodes the head counts alive (its own node table)."""
@@ -123,16 +160,15 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for name, process in self.nodes.items():
                 if process.poll() is not None and name not in self.killed:
-                    output = (self.tmp / f"{name}.out").read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"node {name} exited:\n{output}")
+                    raise NodeExited(name, (self.tmp / f"{name}.out").read_text(errors="replace")[-3000:])
             if condition(self.alive()):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"waiting for {what}; alive: {sorted(self.alive())}")
 
     def ensure(self, name: str, num_cpus: int) -> None:
-        """Start node ``name`` again if a test killed it (tests may run alone or in any order)."""
-        if name in self.killed:
+        """Start node ``name`` again if a test killed it or it ended (tests may run alone or in any order)."""
+        if name in self.killed or self.nodes[name].poll() is not None:
             self.add_node(name, num_cpus)
 
     def pgid(self, name: str) -> int:
@@ -166,6 +202,14 @@ class LocalCluster:
         if not left:
             shutil.rmtree(self.tmp, ignore_errors=True)
         return left
+
+
+class NodeExited(RuntimeError):
+    """A node's ``ray start`` process ended while it was expected to run; the message holds its output."""
+
+    def __init__(self, name: str, output: str) -> None:
+        super().__init__(f"node {name} exited:\n{output}")
+        self.name, self.output = name, output
 
 
 def _terminate(process: subprocess.Popen[bytes]) -> None:
