@@ -94,14 +94,26 @@ class ReplicaSet:
         self._start_probe(replica)
         return replica
 
-    async def taken_in(self, replica: Replica) -> None:
+    async def taken_in(self, replica: Replica, timeout: float | None = None) -> None:
         """Wait until a replica given to `add` is routed to (its probe passed).
 
+        Args:
+            replica: A replica returned by `add`.
+            timeout: Seconds to wait at most; ``None`` waits as long as its probes keep failing.
+
         Raises:
-            BackendUnavailableError: It was refused (its ``verify`` failed for good), or the router closed.
+            BackendUnavailableError: It was refused (its ``verify`` failed for good), the router closed, or
+                it was not taken in within ``timeout`` (it stays in the set, still probed: the caller
+                decides whether to drain it).
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while replica.state == COOLING and not self._closed:
-            await self._changed(None)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise BackendUnavailableError(
+                    f"replica {replica.label} was not taken in within {timeout} s ({replica.last_error})"
+                )
+            await self._changed(left)
         if replica.state != HEALTHY:
             raise BackendUnavailableError(
                 f"replica {replica.label} was not taken in ({replica.state}: {replica.last_error})"

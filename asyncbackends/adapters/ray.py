@@ -304,8 +304,9 @@ class RayBackend(RoutedBackend):
         Raises:
             InvalidRequestError: ``replicas`` is not an int ``>= 1``.
             BackendClosedError: The backend is closed.
-            BackendUnavailableError: The cluster cannot hold the new replicas within ``placement_timeout``
-                (nothing is added then).
+            BackendUnavailableError: The cluster cannot hold the new replicas within ``placement_timeout``,
+                or a new replica's probe has not passed within the router's ``probe_timeout`` (nothing is
+                added then: the new actors are stopped).
             BackendError: A new replica's hosted backend failed to start (nothing is added then).
         """
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
@@ -353,13 +354,22 @@ class RayBackend(RoutedBackend):
             await asyncio.gather(*(release(group) for group in groups), return_exceptions=True)
             raise
         self._next_index += count
-        added = []
+        added: list[tuple[ActorSlot, Replica]] = []
         for (index, group, bundle), one in zip(places, started, strict=True):
             slot = ActorSlot(index, one, spawn=self._spawn, group=group, bundle=bundle, on_lost=self._lost)
             self._slots.append(slot)
-            added.append(self._router.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity)))
+            replica = self._router.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity))
+            added.append((slot, replica))
             log.info("ray: replica %d added on node %s", index, slot.info.get("node_id"))
-        await asyncio.gather(*(self._router.taken_in(replica) for replica in added))
+        # A new replica whose probes keep failing would hold the resize forever: it gets one probe window.
+        timeout = self._router.probe_timeout
+        waits = (self._router.taken_in(replica, timeout) for _, replica in added)
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        failed = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        if failed is not None:  # nothing is added: every new replica goes, taken in or not
+            log.warning("ray: a new replica was not taken in (%s); removing the new replicas", failed)
+            await asyncio.gather(*(self._remove(slot) for slot, _ in added), return_exceptions=True)
+            raise failed
 
     async def _shrink(self, slots: list[ActorSlot]) -> None:
         for slot in slots:

@@ -225,6 +225,23 @@ async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() ->
 
 
 @pytest.mark.asyncio
+async def test_taken_in_with_a_timeout_gives_up_on_a_replica_never_ready_and_leaves_it_joining() -> None:
+    router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=0.01)
+    late = Stub("b", ready=False)
+    added = router.add(late)
+    with pytest.raises(
+        ab.BackendUnavailableError, match=r"replica-1 was not taken in within 0.3 s.*not ready"
+    ):
+        await router.taken_in(added, timeout=0.3)
+    assert late.probes >= 1 and added.state == "cooling"  # still in the set, still probed
+    assert [s.label for s in router.stats()] == ["replica-0", "replica-1"]
+    late.ready = True
+    await router.taken_in(added, timeout=60)  # the caller may wait again: taken in once a probe passes
+    assert added.state == "healthy"
+    await router.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_gone() -> None:
     stubs = [Stub("a"), Stub("b")]
     for stub in stubs:

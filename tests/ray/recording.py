@@ -10,6 +10,9 @@ started (after its ``start`` line) goes on only while fewer than ``N`` requests 
 by the ``pass`` lines of every actor's log (two actors may both take the last one: a run's concurrency
 bounds that). The test holds a run's requests where they are, on every replica, and lets a number of them
 go, or all of them by removing the file.
+
+``not_ready_file`` (if given) fails every readiness check (``check_ready``, the router's probe) while it
+exists, and each check writes a ``probe`` line: a test makes new replicas never pass, and counts the tries.
 """
 
 from __future__ import annotations
@@ -21,14 +24,30 @@ from typing import Any
 
 from asyncbackends._types import GenerationRequest, GenerationResult
 from asyncbackends.adapters.mock import MockBackend
+from asyncbackends.errors import BackendUnavailableError
 
 
 class RecordingBackend(MockBackend):
-    def __init__(self, *, log_dir: str, hold_file: str, gate_file: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        log_dir: str,
+        hold_file: str,
+        gate_file: str | None = None,
+        not_ready_file: str | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         self._log = Path(log_dir) / f"{os.getpid()}.log"
         self._hold = Path(hold_file)
         self._gate = Path(gate_file) if gate_file else None
+        self._not_ready = Path(not_ready_file) if not_ready_file else None
+
+    async def check_ready(self) -> None:
+        await super().check_ready()
+        if self._not_ready is not None and self._not_ready.exists():
+            self._write("probe", None)
+            raise BackendUnavailableError("recording: not ready (the test's file says so)", backend=self.name)
 
     def _write(self, event: str, request_id: str | None) -> None:
         with self._log.open("a") as f:

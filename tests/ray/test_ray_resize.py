@@ -138,3 +138,53 @@ def test_resize_refuses_bad_sizes_and_runs_concurrent_calls_in_order(ray_cluster
         backend.close()
     with pytest.raises(ab.BackendClosedError):
         backend.resize(2)
+
+
+def test_a_grown_replica_never_ready_fails_the_resize_and_nothing_is_added(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    import ray
+
+    logs, not_ready = tmp_path / "logs", tmp_path / "not-ready"
+    logs.mkdir()
+    options = {"log_dir": str(logs), "hold_file": str(tmp_path / "hold"), "not_ready_file": str(not_ready)}
+    # Each probe fails at once and the next follows a 0.05 s cool-down: the window is tried many times.
+    router_options = {"probe_timeout": 3.0, "cooldown": 0.05, "max_cooldown": 0.05}
+    backend = make_ray_backend(RECORDING, replicas=1, options=options, router_options=router_options)
+    assert isinstance(backend, RayBackend)
+    try:
+        first_pid = _pid_of(backend.router.replicas[0])
+        capabilities = backend.capabilities
+        groups_before = set(ray.util.placement_group_table())
+        not_ready.touch()  # from now on every readiness check fails: the new replica's probes never pass
+        with pytest.raises(
+            ab.BackendUnavailableError, match=r"ray-1 was not taken in within 3.0 s.*not ready"
+        ):
+            backend.resize(2)
+        probes = {pid: sum(e == "probe" for e, _ in events) for pid, events in read_events(logs).items()}
+        new_pid = next(pid for pid in probes if pid != first_pid)
+        assert probes[new_pid] >= 1  # its probes ran, and failed (their error is in the message)
+        # Nothing added: the new replica left the router, its actor was stopped, its group removed.
+        assert [s.label for s in backend.replica_stats()] == ["ray-0"]
+        assert len(backend.replicas) == 1 and backend.capabilities == capabilities
+        wait_for(lambda: not _running(new_pid), "the new replica's actor process to end")
+        grown = {k: g["state"] for k, g in ray.util.placement_group_table().items() if k not in groups_before}
+        assert list(grown.values()) == ["REMOVED"]
+        not_ready.unlink()
+        backend.resize(2)  # the same call, now that new replicas pass, works; names are never reused
+        assert [(s.label, s.state) for s in backend.replica_stats()] == [
+            ("ray-0", "healthy"),
+            ("ray-2", "healthy"),
+        ]
+        results = ab.run_batch(backend, [ab.GenerationRequest(f"q{i}") for i in range(8)], concurrency=4)
+        assert [r.text for r in results] == [f"q{i}" for i in range(8)]
+    finally:
+        backend.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (the local cluster's actors are this machine's processes)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
