@@ -72,6 +72,10 @@ def ray_cluster() -> Iterator[Any]:
     # raylet then aborts and ray.init fails. Wait longer, and try once more if the start still fails.
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+    # Ray runs its workers at nice 15 (the raylet's worker_niceness), and vLLM's engine processes inherit it:
+    # beside busy processes at nice 0 an actor then gets a few percent of a core, and a replica's vLLM import
+    # alone took five to six minutes on a 2-core machine with two busy loops. The workload is the test's own.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     for attempt in (1, 2):
         try:
             context = ray.init(

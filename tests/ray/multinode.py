@@ -85,6 +85,7 @@ class LocalCluster:
             RAY_USAGE_STATS_ENABLED="0",
             PYTHONPATH=str(ROOT),  # actors import this checkout's asyncbackends and tests
             VLLM_CPU_KVCACHE_SPACE="1",
+            RAY_worker_niceness="0",  # as in conftest.ray_cluster: actors not starved beside busy processes
             **FAST_HEALTH,
         )
 
