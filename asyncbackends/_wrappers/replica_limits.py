@@ -12,6 +12,7 @@ Everything here lives on the shared loop, with the router and the runs that use 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -25,6 +26,15 @@ from .replica import DRAINING, HEALTHY, REFUSED, Replica
 __all__ = ["PoolLimit", "ReplicaLimits"]
 
 log = logging.getLogger(__name__)
+
+
+def capped(settings: AdaptiveConcurrency, capacity: int | None) -> AdaptiveConcurrency:
+    """``settings`` with ``initial``, ``min`` and ``max`` at most ``capacity`` (unchanged where unknown)."""
+    if capacity is None or capacity >= settings.max:
+        return settings
+    return dataclasses.replace(
+        settings, initial=min(settings.initial, capacity), min=min(settings.min, capacity), max=capacity
+    )
 
 
 class ReplicaLimits:
@@ -50,9 +60,15 @@ class ReplicaLimits:
             self.add(replica)
 
     def add(self, replica: Replica) -> None:
-        """Give ``replica`` its own limit, starting at the settings' initial value (a replica joining)."""
-        replica.limiter = AdaptiveLimiter(self.settings, functools.partial(self._changed, replica))
-        record_replica_limit(self.pool, replica.label, self.settings.initial)
+        """Give ``replica`` its own limit (a replica joining).
+
+        It starts at the settings' ``initial``. A replica with a known ``capacity`` (the pool's
+        ``capacities``, a replica's ``capacity`` option, its adapter's ``max_concurrency``) is never given
+        more: its limit starts at no more than that and never rises above it.
+        """
+        settings = capped(self.settings, replica.capacity)
+        replica.limiter = AdaptiveLimiter(settings, functools.partial(self._changed, replica))
+        record_replica_limit(self.pool, replica.label, settings.initial)
 
     def _changed(self, replica: Replica, limit: int, reason: ChangeReason) -> None:
         self.last_reason = reason

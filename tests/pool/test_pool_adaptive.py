@@ -96,6 +96,26 @@ async def test_unequal_replicas_settle_each_at_its_own_capacity(make_server: Mak
 
 
 @pytest.mark.asyncio
+async def test_a_replica_of_known_capacity_is_never_given_more_than_it(make_server: MakeServer) -> None:
+    small, large = await refusing_server(make_server, 4), await refusing_server(make_server, 12)
+    # Told the small one's capacity (below the settings' initial of 8), not the large one's.
+    replicas = [{"backend": "tgi", "url": small.url, "token": False, "capacity": 4}]
+    replicas.append({"backend": "tgi", "url": large.url, "token": False})
+    pool = await ab.acreate_backend("pool", replicas=replicas, replica_concurrency=SETTINGS)
+    assert isinstance(pool, PoolBackend)
+    try:
+        assert [s.limit for s in pool.replica_stats()] == [4, 8]  # the small one starts at its capacity
+        results = await ab.gather(pool, requests(400), concurrency=64, retry=RETRY)
+        assert all(isinstance(r, ab.GenerationResult) for r in results)
+        small_limiter = limiter_of(pool, 0)
+        # Never above its capacity, so never refused; the large one found its own by its refusals.
+        assert small_limiter.highest == 4 and small.statuses[429] == 0 and small.max_in_flight == 4
+        assert large.statuses[429] >= 1 and limiter_of(pool, 1).highest > 8
+    finally:
+        await pool.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_refusal_on_one_replica_cuts_only_its_own_limit_and_pauses_only_it(
     make_server: MakeServer,
 ) -> None:
