@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 
 
 def capped(settings: AdaptiveConcurrency, capacity: int | None) -> AdaptiveConcurrency:
-    """``settings`` with ``initial``, ``min`` and ``max`` at most ``capacity`` (unchanged where unknown)."""
-    if capacity is None or capacity >= settings.max:
+    """``settings`` with ``initial``, ``min`` and ``max`` at most ``capacity`` (unchanged where unknown).
+
+    A capacity below 1 (a hint no pool accepts, but an adapter may report) counts as unknown.
+    """
+    if capacity is None or capacity < 1 or capacity >= settings.max:
         return settings
     return dataclasses.replace(
         settings, initial=min(settings.initial, capacity), min=min(settings.min, capacity), max=capacity

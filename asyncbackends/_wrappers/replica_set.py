@@ -111,7 +111,7 @@ class ReplicaSet:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise BackendUnavailableError(
-                    f"replica {replica.label} was not taken in within {timeout} s ({replica.last_error})"
+                    f"replica {replica.label} was not taken in within {timeout:g} s ({replica.last_error})"
                 )
             await self._changed(left)
         if replica.state != HEALTHY:

@@ -35,6 +35,9 @@ FAST_HEALTH = {
 }
 
 
+# `ray start`'s default worker ports: a component given one of them is refused as a clash (a host whose
+# ephemeral range covers them would hand them out).
+WORKER_PORTS = range(10002, 20000)
 # What a node's output says when a port it was given was taken (by Ray's own pick, or another process).
 PORT_CLASH = ("used by other components", "Address already in use", "address already in use")
 
@@ -53,7 +56,7 @@ def free_ports(count: int, taken: set[int]) -> list[int]:
             held.append(sock)
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-            if port not in taken:
+            if port not in taken and port not in WORKER_PORTS:
                 ports.append(port)
                 taken.add(port)
     finally:
@@ -97,6 +100,11 @@ class LocalCluster:
         """
         self.killed.discard(name)  # a node killed earlier may be started again under its name
         for attempt in range(1, attempts + 1):
+            if attempt > 1 and name == next(
+                iter(self.nodes)
+            ):  # the head again: its own port may be the clash
+                self.port = free_ports(1, self.ports)[0]
+                self.address = f"127.0.0.1:{self.port}"
             self._start_node(name, num_cpus)
             try:
                 self.wait_for(lambda alive: name in alive, f"node {name} to join")
@@ -108,6 +116,11 @@ class LocalCluster:
 
     def _start_node(self, name: str, num_cpus: int) -> None:
         head = not self.nodes or next(iter(self.nodes)) == name
+        previous = self.nodes.get(name)
+        if previous is not None:  # what is left of an earlier start under this name (an agent, a worker)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(previous.pid, signal.SIGKILL)
+            previous.wait(timeout=30)
         ports = iter(free_ports(9, self.ports))
         command = [
             RAY,
@@ -131,7 +144,7 @@ class LocalCluster:
             command += [f"--ray-client-server-port={next(ports)}"]
         else:
             command += [f"--address={self.address}"]
-        log = (self.tmp / f"{name}.out").open("wb")
+        log = (self.tmp / f"{name}.out").open("ab")  # appended: an earlier start's output stays readable
         self.nodes[name] = subprocess.Popen(
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
