@@ -94,30 +94,35 @@ class ReplicaSet:
         self._start_probe(replica)
         return replica
 
-    async def taken_in(self, replica: Replica, timeout: float | None = None) -> None:
-        """Wait until a replica given to `add` is routed to (its probe passed).
+    async def taken_in(self, *replicas: Replica, timeout: float | None = None) -> None:
+        """Wait until every replica given to `add` is routed to (its probe passed).
+
+        The first one that cannot be ends the wait at once.
 
         Args:
-            replica: A replica returned by `add`.
-            timeout: Seconds to wait at most; ``None`` waits as long as its probes keep failing.
+            replicas: Replicas returned by `add`.
+            timeout: Seconds to wait at most; ``None`` waits as long as their probes keep failing.
 
         Raises:
-            BackendUnavailableError: It was refused (its ``verify`` failed for good), the router closed, or
-                it was not taken in within ``timeout`` (it stays in the set, still probed: the caller
-                decides whether to drain it).
+            BackendUnavailableError: One was refused (its ``verify`` failed for good) or drained, the router
+                closed, or one was not taken in within ``timeout`` (it stays in the set, still probed: the
+                caller decides whether to drain it).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while replica.state == COOLING and not self._closed:
+        waiting = list(replicas)
+        while waiting := [r for r in waiting if r.state != HEALTHY]:  # one taken in and cooled since counts
+            for replica in waiting:
+                if replica.state != COOLING or self._closed:
+                    raise BackendUnavailableError(
+                        f"replica {replica.label} was not taken in ({replica.state}: {replica.last_error})"
+                    )
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                first = waiting[0]
                 raise BackendUnavailableError(
-                    f"replica {replica.label} was not taken in within {timeout:g} s ({replica.last_error})"
+                    f"replica {first.label} was not taken in within {timeout:g} s ({first.last_error})"
                 )
             await self._changed(left)
-        if replica.state != HEALTHY:
-            raise BackendUnavailableError(
-                f"replica {replica.label} was not taken in ({replica.state}: {replica.last_error})"
-            )
 
     async def drain(self, replica: Replica) -> None:
         """Route nothing more to ``replica``, wait for its in-flight attempts to end, then remove it.

@@ -361,30 +361,19 @@ class RayBackend(RoutedBackend):
             replica = self._router.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity))
             added.append((slot, replica))
             log.info("ray: replica %d added on node %s", index, slot.info.get("node_id"))
-        failed = await self._first_not_taken_in([replica for _, replica in added])
-        if failed is None:
-            return
-        self._check_open()  # closed meanwhile: the close stops every actor, the new ones included
-        # Nothing is added: every new replica goes, one taken in meanwhile once its attempts are answered.
-        log.warning("ray: a new replica was not taken in (%s); removing the new replicas", failed)
-        removals = await asyncio.gather(*(self._remove(slot) for slot, _ in added), return_exceptions=True)
-        for (slot, _), outcome in zip(added, removals, strict=True):
-            if isinstance(outcome, BaseException):
-                log.warning("ray: removing new replica %d failed: %r", slot.index, outcome)
-        raise failed
-
-    async def _first_not_taken_in(self, replicas: list[Replica]) -> BaseException | None:
-        """Wait until every new replica is taken in; the first failure ends the wait at once.
-
-        A replica whose probes keep failing would hold the resize forever: each gets one probe window.
-        """
-        timeout = self._router.probe_timeout
-        waits = [asyncio.ensure_future(self._router.taken_in(r, timeout)) for r in replicas]
-        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
-        for wait in pending:
-            wait.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return next((w.exception() for w in done if w.exception() is not None), None)
+        try:
+            # A new replica whose probes keep failing would hold the resize forever: one probe window.
+            await self._router.taken_in(*(r for _, r in added), timeout=self._router.probe_timeout)
+        except BaseException as failed:
+            self._check_open()  # closed meanwhile: the close stops every actor, the new ones included
+            # Nothing is added: every new replica goes, one taken in meanwhile once its attempts are answered.
+            log.warning("ray: a new replica was not taken in (%s); removing the new replicas", failed)
+            removing = (self._remove(slot) for slot, _ in added)
+            removals = await asyncio.gather(*removing, return_exceptions=True)
+            for (slot, _), outcome in zip(added, removals, strict=True):
+                if isinstance(outcome, BaseException):
+                    log.warning("ray: removing new replica %d failed: %r", slot.index, outcome)
+            raise
 
     async def _shrink(self, slots: list[ActorSlot]) -> None:
         for slot in slots:

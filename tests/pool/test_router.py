@@ -242,6 +242,27 @@ async def test_taken_in_with_a_timeout_gives_up_on_a_replica_never_ready_and_lea
 
 
 @pytest.mark.asyncio
+async def test_taken_in_waits_for_every_replica_and_the_first_refused_ends_the_wait() -> None:
+    router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=0.01)
+    slow, fast = Stub("b", ready=False), Stub("c")
+    both = [router.add(slow), router.add(fast)]
+    waiting = asyncio.ensure_future(router.taken_in(*both))  # no timeout: only a state change ends it
+    await until(lambda: both[1].state == "healthy" and slow.probes >= 2)
+    assert not waiting.done()  # one taken in, one still joining
+    slow.ready = True
+    await waiting
+    never, refused = Stub("d", ready=False), Stub("e", ready=False)
+    joining = [router.add(never), router.add(refused)]
+    waiting = asyncio.ensure_future(router.taken_in(*joining))
+    await until(lambda: never.probes >= 1 and refused.probes >= 1)
+    router.refuse(joining[1], "serves another model")
+    with pytest.raises(ab.BackendUnavailableError, match=r"replica-4 was not taken in \(refused"):
+        await waiting  # at once: the other one's probes would never pass
+    assert joining[0].state == "cooling"
+    await router.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_gone() -> None:
     stubs = [Stub("a"), Stub("b")]
     for stub in stubs:
