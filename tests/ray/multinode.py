@@ -39,7 +39,7 @@ FAST_HEALTH = {
 # ephemeral range covers them would hand them out).
 WORKER_PORTS = range(10002, 20000)
 # What a node's output says when a port it was given was taken (by Ray's own pick, or another process).
-PORT_CLASH = ("used by other components", "Address already in use", "address already in use")
+PORT_CLASH = ("used by other components", "address already in use")  # matched in lower case
 
 
 def free_ports(count: int, taken: set[int]) -> list[int]:
@@ -100,9 +100,7 @@ class LocalCluster:
         """
         self.killed.discard(name)  # a node killed earlier may be started again under its name
         for attempt in range(1, attempts + 1):
-            if attempt > 1 and name == next(
-                iter(self.nodes)
-            ):  # the head again: its own port may be the clash
+            if attempt > 1 and self._is_head(name):  # the head again: its own port may be the clash
                 self.port = free_ports(1, self.ports)[0]
                 self.address = f"127.0.0.1:{self.port}"
             self._start_node(name, num_cpus)
@@ -110,12 +108,16 @@ class LocalCluster:
                 self.wait_for(lambda alive: name in alive, f"node {name} to join")
                 return
             except NodeExited as exited:
-                clash = exited.name == name and any(c in exited.output for c in PORT_CLASH)
+                clash = exited.name == name and any(c in exited.output.lower() for c in PORT_CLASH)
                 if not clash or attempt == attempts:
                     raise
 
+    def _is_head(self, name: str) -> bool:
+        """Whether node ``name`` is (or, the first started, will be) the head."""
+        return not self.nodes or next(iter(self.nodes)) == name
+
     def _start_node(self, name: str, num_cpus: int) -> None:
-        head = not self.nodes or next(iter(self.nodes)) == name
+        head = self._is_head(name)
         previous = self.nodes.get(name)
         if previous is not None:  # what is left of an earlier start under this name (an agent, a worker)
             with contextlib.suppress(ProcessLookupError):
