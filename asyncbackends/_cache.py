@@ -121,6 +121,9 @@ def _decode(kind: str, value: str, request_id: str | None) -> Result:
                 logprobs=_tuple(c["logprobs"]),
                 finish_reason=c["finish_reason"],
                 tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
+                reasoning=c.get("reasoning"),
+                reasoning_tokens=c.get("reasoning_tokens", 0),
+                reasoning_truncated=c.get("reasoning_truncated", False),
             )
             for c in data.pop("completions")
         )

@@ -45,6 +45,9 @@ class Capabilities:
         regex: Constrains outputs to ``SamplingParams.regex``.
         images: Accepts image content parts in chat messages.
         tools: Accepts tools and tool choice, and returns tool calls.
+        reasoning: Returns a reasoning model's thinking apart from its answer (`Completion.reasoning`).
+        reasoning_effort: Honours ``SamplingParams.reasoning_effort``.
+        thinking_budget: Enforces ``SamplingParams.thinking_budget``.
 
     A backend refuses a request that sets an optional sampling parameter whose flag is false, or that holds
     images or tools it does not claim, with `RequestRejectedError` naming it, before sending anything
@@ -70,6 +73,9 @@ class Capabilities:
     regex: bool = False
     images: bool = False
     tools: bool = False
+    reasoning: bool = False
+    reasoning_effort: bool = False
+    thinking_budget: bool = False
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""

@@ -26,6 +26,11 @@ class Completion:
         finish_reason: Why generation stopped: ``"stop"``, ``"length"``, ``"tool_calls"`` (set when
             ``tool_calls`` holds any and the backend said ``"stop"`` or nothing), or the backend's word.
         tool_calls: The tool calls the model made (`ToolCall`; the arguments as the JSON text it produced).
+        reasoning: A reasoning model's thinking, apart from its answer (``text``); ``None`` where the model
+            or backend gave none.
+        reasoning_tokens: Tokens spent thinking (0 where none or unknown).
+        reasoning_truncated: Generation stopped before thinking ended (``max_tokens``): there is no answer,
+            so ``text`` is ``""``, never the unfinished thought.
     """
 
     text: str
@@ -33,6 +38,9 @@ class Completion:
     logprobs: tuple[float, ...] | None = None
     finish_reason: FinishReason | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    reasoning_truncated: bool = False
 
     def __post_init__(self) -> None:
         # Checked cheaply (results are built once per request on the hot path) but enough that every
@@ -59,6 +67,21 @@ class Completion:
                 set_field(self, "finish_reason", "tool_calls")
         elif type(self.tool_calls) is not tuple:
             set_field(self, "tool_calls", ())
+        if self.reasoning is not None or self.reasoning_tokens or self.reasoning_truncated:
+            self._check_reasoning()
+
+    def _check_reasoning(self) -> None:
+        if self.reasoning is not None and not isinstance(self.reasoning, str):
+            raise InvalidRequestError(f"reasoning must be a str or None, got {type(self.reasoning).__name__}")
+        if not is_int(self.reasoning_tokens) or self.reasoning_tokens < 0:
+            raise InvalidRequestError(f"reasoning_tokens must be an int >= 0, got {self.reasoning_tokens!r}")
+        if not isinstance(self.reasoning_truncated, bool):
+            raise InvalidRequestError(f"reasoning_truncated must be a bool, got {self.reasoning_truncated!r}")
+        if self.reasoning_truncated and self.text:
+            raise InvalidRequestError(
+                "a completion cut off while thinking has no answer: its text must be '' (the thought goes in "
+                "reasoning)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

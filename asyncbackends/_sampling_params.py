@@ -11,12 +11,18 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from ._field_checks import is_int, is_number, set_field
 from .errors import InvalidRequestError
 
-__all__ = ["OPTIONAL_SAMPLING_PARAMS", "SamplingParams"]
+__all__ = ["OPTIONAL_SAMPLING_PARAMS", "REASONING_EFFORTS", "ReasoningEffort", "SamplingParams"]
+
+ReasoningEffort: TypeAlias = Literal["none", "minimal", "low", "medium", "high"]
+"""How hard a reasoning model thinks, on OpenAI's scale."""
+
+REASONING_EFFORTS: tuple[ReasoningEffort, ...] = ("none", "minimal", "low", "medium", "high")
+"""The values `SamplingParams.reasoning_effort` takes, least effort first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +48,12 @@ class SamplingParams:
         json_schema: Constrain the output to JSON valid against this JSON Schema (a mapping, kept as a
             deep copy).
         regex: Constrain the output to match this regular expression (it must compile with `re`).
+        reasoning_effort: How hard a reasoning model thinks, on OpenAI's scale: ``"none"``, ``"minimal"``,
+            ``"low"``, ``"medium"`` or ``"high"`` (sent where the server takes it).
+        thinking_budget: The most tokens a reasoning model may spend thinking (>= 0; vLLM's
+            ``thinking_token_budget``).
 
-    The last seven are ``None`` by default, meaning the engine's default; a backend that cannot honour one
+    The last nine are ``None`` by default, meaning the engine's default; a backend that cannot honour one
     that is set refuses the request with `RequestRejectedError` before sending anything (see
     `Capabilities`). ``json_schema`` and ``regex`` are mutually exclusive.
     """
@@ -64,6 +74,8 @@ class SamplingParams:
     # A dict is unhashable: the schema takes part in equality (and the cache key), not in hash().
     json_schema: Mapping[str, Any] | None = field(default=None, hash=False)
     regex: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 0:
@@ -123,6 +135,14 @@ class SamplingParams:
                 re.compile(self.regex)
             except re.error as exc:
                 raise InvalidRequestError(f"regex does not compile: {exc}") from exc
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise InvalidRequestError(
+                f"reasoning_effort must be one of {', '.join(map(repr, REASONING_EFFORTS))} or None; "
+                f"got {self.reasoning_effort!r}"
+            )
+        budget = self.thinking_budget
+        if budget is not None and (not is_int(budget) or budget < 0):
+            raise InvalidRequestError(f"thinking_budget must be an int >= 0 or None, got {budget!r}")
 
     @property
     def greedy(self) -> bool:
@@ -142,6 +162,8 @@ OPTIONAL_SAMPLING_PARAMS = (
     "min_tokens",
     "json_schema",
     "regex",
+    "reasoning_effort",
+    "thinking_budget",
 )
 """The `SamplingParams` fields a backend may not honour; `Capabilities` has a flag of each name."""
 

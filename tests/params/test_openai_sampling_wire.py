@@ -66,7 +66,11 @@ def test_capabilities_by_server_kind() -> None:
         kind: {n for n in ab._types.OPTIONAL_SAMPLING_PARAMS if getattr(capabilities(kind, None), n)}
         for kind in ("vllm", "generic")
     }
-    assert honoured["vllm"] == set(ab._types.OPTIONAL_SAMPLING_PARAMS)
+    # The reasoning parameters need the reasoning work in the openai adapter (issue 42): not claimed yet.
+    assert honoured["vllm"] == set(ab._types.OPTIONAL_SAMPLING_PARAMS) - {
+        "reasoning_effort",
+        "thinking_budget",
+    }
     assert honoured["generic"] == {"presence_penalty", "frequency_penalty", "json_schema"}
 
 

@@ -130,3 +130,33 @@ def test_cache_key_tells_schemas_apart(tmp_path: Path) -> None:
     assert cache.key(backend, one) != cache.key(backend, two)
     assert cache.key(backend, one) == cache.key(backend, reordered)
     cache.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("reasoning_effort", "extreme"),
+        ("reasoning_effort", 3),
+        ("thinking_budget", -1),
+        ("thinking_budget", 1.5),
+    ],
+)
+def test_reasoning_params_checked_at_construction(field: str, value: object) -> None:
+    with pytest.raises(ab.InvalidRequestError, match=field):
+        ab.SamplingParams(**{field: value})
+
+
+def test_reasoning_params_are_optional_and_refused_unless_claimed() -> None:
+    params = ab.SamplingParams(reasoning_effort="high", thinking_budget=0)
+    assert params.optional_params() == {"reasoning_effort": "high", "thinking_budget": 0}
+    assert ab.Capabilities().unsupported(params) == ("reasoning_effort", "thinking_budget")
+    assert ab.Capabilities(thinking_budget=True).unsupported(params) == ("reasoning_effort",)
+
+
+def test_completion_cut_off_while_thinking_has_no_answer() -> None:
+    done = ab.Completion("", reasoning="half a thought", reasoning_tokens=3, reasoning_truncated=True)
+    assert (done.text, done.reasoning, done.reasoning_tokens) == ("", "half a thought", 3)
+    with pytest.raises(ab.InvalidRequestError, match="no answer"):
+        ab.Completion("half a thought", reasoning_truncated=True)
+    with pytest.raises(ab.InvalidRequestError, match="reasoning_tokens"):
+        ab.Completion("x", reasoning_tokens=-1)

@@ -37,6 +37,8 @@ _VALUES: dict[str, Any] = {
         "additionalProperties": False,
     },
     "regex": "(yes|no|maybe)",
+    "reasoning_effort": "low",
+    "thinking_budget": 8,
 }
 
 
