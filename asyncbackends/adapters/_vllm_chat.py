@@ -39,6 +39,22 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
 
 __all__ = ["ChatPath", "check_tool_parser"]
 
+# A second turn asking for "auto" most often comes from a framework, not the user: inspect (like OpenAI's own
+# agents) switches a forced tool choice to "auto" once the forced call was made, so "name a tool" would be
+# advice the user already followed.
+_AFTER_FORCED_CALL = (
+    ". This conversation already holds a tool call: frameworks switch a forced tool choice (a named tool or "
+    "'required') to 'auto' after the forced call, as inspect does, so the later turns need the tool parser "
+    "even when you named a tool"
+)
+
+
+def _called_tools(request: GenerationRequest) -> bool:
+    """Whether the request's messages already hold an assistant's tool call."""
+    messages = request.prompt if request.prompt_kind == "chat" else ()
+    return any(isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
+
+
 _log = logging.getLogger(__name__)
 
 
@@ -97,8 +113,13 @@ class ChatPath:
         if request.tools and request.tool_choice == "auto" and self.tool_parser is None:
             raise RequestRejectedError(
                 f"{self.backend}: tool_choice='auto' needs the adapter option tool_parser (vLLM's name of "
-                "the parser for this model's tool-call format, e.g. 'hermes' or 'llama3_json'); or name a "
-                "tool, or use 'required' or 'none'",
+                "the parser for this model's tool-call format, e.g. 'hermes' or 'llama3_json'; "
+                "`-M tool_parser=hermes` in inspect, `tool_parser=hermes` in lm-eval's model args)"
+                + (
+                    _AFTER_FORCED_CALL
+                    if _called_tools(request)
+                    else "; or name a tool, or use 'required' or 'none'"
+                ),
                 backend=self.backend,
                 request_id=request.request_id,
             )

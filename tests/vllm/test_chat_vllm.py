@@ -257,6 +257,26 @@ def test_auto_tool_choice_without_a_parser_is_refused_naming_the_option() -> Non
     ChatPath(engine=None, backend="vllm", tool_parser="hermes").check(request)  # accepted with one
 
 
+def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
+    # inspect's use_tools(..., tool_choice=ToolFunction("add")) sends "auto" on the turn after the forced call.
+    from asyncbackends.adapters._vllm_chat import ChatPath
+
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    second_turn = ab.GenerationRequest(
+        [
+            {"role": "user", "content": "1+2?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ],
+        tools=(ADD,),
+    )
+    with pytest.raises(ab.RequestRejectedError) as refused:
+        ChatPath(engine=None, backend="vllm").check(second_turn)
+    message = str(refused.value)
+    assert "switch a forced tool choice" in message and "-M tool_parser=hermes" in message
+    assert "or name a tool" not in message  # the advice the user had already followed
+
+
 def test_unknown_tool_parser_refused_before_the_engine_starts(vlm: str) -> None:
     with pytest.raises(ab.InvalidRequestError, match="hermes"):
         build_backend(vlm, tool_parser="hermez")
