@@ -24,7 +24,6 @@ from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_set
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
 from ._types import (
-    GenerationResult,
     Request,
     Result,
 )
@@ -222,18 +221,12 @@ class Run:
                 outcome = await self.one(request, slot, None)
             else:
                 outcome = await self.watched(observer, index, request, slot, start - self.started)
-            if isinstance(outcome, AsyncBackendsError):
-                if not self.return_exceptions:
-                    if self.first_error is None:
-                        self.first_error = outcome
-                    raise outcome
-                if metrics is not None:
-                    metrics.errors[type(outcome).__name__] += 1
-            elif metrics is not None:
-                metrics.successes += 1
-                if isinstance(outcome, GenerationResult):
-                    metrics.prompt_tokens += outcome.prompt_tokens or 0
-                    metrics.completion_tokens += outcome.completion_tokens
+            if isinstance(outcome, AsyncBackendsError) and not self.return_exceptions:
+                if self.first_error is None:
+                    self.first_error = outcome
+                raise outcome
+            if metrics is not None:
+                metrics._record_outcome(outcome)
             sink(index, outcome)
             if metrics is not None:
                 end = time.perf_counter()

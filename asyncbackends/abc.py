@@ -9,6 +9,9 @@ wrappers); this module holds what an extension author builds on:
   sampling parameters, images and tools it does not claim), `backend_fingerprint` (the identity
   the response cache keys on), `held_slot` (an adapter's own connection slots, which ``gather``'s
   per-attempt timeout does not time), and the registry's option checks (`check_options`, `required_options`).
+- **Provider batches**: `SupportsBatch`, what ``gather(..., batch=True)`` asks of a backend with a batch API,
+  with `BatchLimits`, `BatchLine` and `BatchStatus`; `BatchRecord`, a batch in flight as the response cache
+  keeps it for a restarted run.
 - **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
   its record of a replica (`Replica`, `ReplicaStats`) and the two rules that decide what a failed
   attempt means (`is_replica_fault`, `sent_nothing`).
@@ -20,7 +23,8 @@ Every other module of the package is private by name (a leading underscore) and 
 ``asyncbackends.integrations`` and ``asyncbackends.testing`` are public too.
 """
 
-from ._cache import backend_fingerprint
+from ._batch import BatchLimits, BatchLine, BatchStatus, SupportsBatch
+from ._cache import BatchRecord, backend_fingerprint
 from ._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ._clock import held_slot
 from ._observability.observe import RequestObserver, RunObserver, note_replica
@@ -32,12 +36,17 @@ from ._wrappers.router import Router
 __all__ = [
     "AsyncBackend",
     "BaseBackend",
+    "BatchLimits",
+    "BatchLine",
+    "BatchRecord",
+    "BatchStatus",
     "Replica",
     "ReplicaStats",
     "RequestObserver",
     "Router",
     "RunObserver",
     "Secret",
+    "SupportsBatch",
     "SupportsFingerprint",
     "SupportsRollingLoglikelihood",
     "backend_fingerprint",

@@ -228,6 +228,7 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "timeout": args.timeout,
         "retry": RetryPolicy(max_attempts=args.max_attempts),
+        "batch": args.batch,
     }
     RunOptions(**options)
     return options
