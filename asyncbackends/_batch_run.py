@@ -31,7 +31,14 @@ from ._observability.observe import RequestObserver, RunObserver
 from ._options import RetryPolicy, RunOptions
 from ._run import Outcome
 from ._types import GenerationRequest, GenerationResult, Request
-from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
+from .errors import (
+    AsyncBackendsError,
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
 
 __all__ = ["BatchRun"]
 
@@ -265,9 +272,11 @@ class BatchRun:
             if exc.retryable and batch.poll_failures < self.retry.max_attempts:
                 log.warning("batch: polling %s failed (%s); trying again", batch_id, exc)
                 return
-            # The batch may still run: its record stays, so a later run on the same cache reads it.
             self.batches.remove(batch)
             self._fail(batch.wanted, exc)
+            if self.cache is not None and self._gone(exc):
+                self.cache.remove_batch(batch.record.file_id)  # a later run sends its requests again
+            # Otherwise the batch may still run: its record stays, so a later run on the same cache reads it.
             return
         batch.poll_failures = 0
         if batch.status is None or batch.status.status != status.status:
@@ -275,6 +284,11 @@ class BatchRun:
         batch.status = status
         if status.done:
             await self._collect(batch, status)
+
+    @staticmethod
+    def _gone(error: BackendError) -> bool:
+        """Whether the provider refuses the batch itself (404: deleted, another account's), not the caller."""
+        return isinstance(error, RequestRejectedError) and not isinstance(error, AuthenticationError)
 
     async def _collect(self, batch: _Batch, status: BatchStatus) -> None:
         backend: SupportsBatch = self.backend

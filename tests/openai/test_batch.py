@@ -83,7 +83,11 @@ async def test_batch_results_equal_the_plain_path(server: FakeOpenAIBatchServer)
     try:
         requests = mixed_requests()
         metrics = ab.RunMetrics()
-        batch = await ab.gather(backend, requests, batch=True, return_exceptions=True, metrics=metrics)
+        done: list[ab.RequestDone] = []
+        callbacks = ab.RunCallbacks(on_request_done=done.append)
+        batch = await ab.gather(
+            backend, requests, batch=True, return_exceptions=True, metrics=metrics, callbacks=callbacks
+        )
         sent_in_batches = sum(server.batch_answered.values())
         plain = await ab.gather(
             backend, requests, return_exceptions=True, retry=ab.RetryPolicy(max_attempts=1)
@@ -102,6 +106,8 @@ async def test_batch_results_equal_the_plain_path(server: FakeOpenAIBatchServer)
     )  # "hello" twice: two lines, one answer each
     assert sum(server.plain_answered.values()) == 9  # [fail] answered once: no retries asked
     assert metrics.successes == 8 and metrics.errors == {"RequestRejectedError": 2, "BackendError": 1}
+    assert sorted(d.index for d in done) == list(range(len(requests)))
+    assert all(d.outcome is batch[d.index] for d in done)
 
 
 async def test_split_at_the_request_and_byte_limits(server: FakeOpenAIBatchServer) -> None:
@@ -231,6 +237,8 @@ async def test_a_cancelled_run_on_a_cache_resumes_its_batch(tmp_path: Path) -> N
     """Cancelled (and, separately, a record left without its batch id): the next run sends nothing again."""
     cache = tmp_path / "run.sqlite"
     requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(6)]
+    # Unseeded sampling is never stored as a result, yet its batch line is resumed like the others.
+    requests.append(ab.GenerationRequest("sampled", ab.SamplingParams(max_tokens=3, temperature=1.0)))
     async with FakeOpenAIBatchServer(hold=True) as server:
         backend = await backend_on(server)
         try:
@@ -322,3 +330,26 @@ async def test_killed_client_resumes_its_two_batches_and_sends_nothing_twice(tmp
     assert_same(resumed, plain)
     assert [r.request_id for r in resumed] == [r.request_id for r in requests]
     assert metrics.successes == 1000 and metrics.cache_hits == 0
+
+
+async def test_a_recorded_batch_the_provider_no_longer_knows_is_sent_again(tmp_path: Path) -> None:
+    cache = tmp_path / "run.sqlite"
+    requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(3)]
+    async with FakeOpenAIBatchServer(hold=True) as server:
+        backend = await backend_on(server)
+        try:
+            run = asyncio.ensure_future(ab.gather(backend, requests, batch=True, cache=cache))
+            await server.wait_until(lambda s: sum(s.polls.values()) >= 1)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            with sqlite3.connect(cache) as db:
+                db.execute("UPDATE batches SET batch_id = 'batch_deleted'")
+            first = await ab.gather(backend, requests, batch=True, cache=cache, return_exceptions=True)
+            server.release()
+            second = await ab.gather(backend, requests, batch=True, cache=cache)
+            plain = await ab.gather(backend, requests)
+        finally:
+            await backend.aclose()
+    assert all(isinstance(e, ab.RequestRejectedError) and "no such batch" in str(e) for e in first)
+    assert second == plain and server.created == 2 and server.uploads == 2
