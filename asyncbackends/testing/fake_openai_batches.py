@@ -9,7 +9,7 @@ stops one; ``GET /v1/files/{id}/content`` returns the output and error files, on
 ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` per line (answers
 other than 200, and ``batch_expired`` / ``batch_cancelled`` lines, in the error file). ``POST
 /v1/completions`` and ``/v1/chat/completions`` answer the same requests directly with the same
-deterministic answers (`fake_openai_answers`), so the batch and plain paths can be compared; ``GET
+deterministic answers (`_fake_openai.answers`), so the batch and plain paths can be compared; ``GET
 /v1/models`` lists the one model.
 
 Faults: ``hold`` keeps every batch ``in_progress`` (nothing answered) until `release`; ``fail_batches``
@@ -39,8 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ._fake_openai.answers import answer, error_body, line_key
 from ._serve import serve
-from .fake_openai_answers import answer, error_body, line_key
 
 __all__ = ["FakeOpenAIBatchServer"]
 
