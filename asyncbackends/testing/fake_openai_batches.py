@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import web
 
 from ._fake_openai.answers import answer, error_body, line_key
+from ._fake_openai.validation import validate_lines
 from ._serve import serve
 
 __all__ = ["FakeOpenAIBatchServer"]
@@ -304,7 +305,18 @@ class FakeOpenAIBatchServer:
 
     async def _process(self, batch_id: str, number: int) -> None:
         batch = self.batches[batch_id]
-        lines, problem = self._validate(batch, number)
+        problem: dict[str, Any] | None = None
+        if number in self.fail_batches:
+            problem = {
+                "code": "invalid_request",
+                "message": "this batch was set to fail",
+                "param": None,
+                "line": 1,
+            }
+            lines: list[dict[str, Any]] = []
+        else:
+            content = self.contents[batch["input_file_id"]]
+            lines, problem = validate_lines(content, batch["endpoint"], self.max_requests)
         if problem is not None:
             batch.update(
                 status="failed", failed_at=int(time.time()), errors={"object": "list", "data": [problem]}
@@ -362,66 +374,8 @@ class FakeOpenAIBatchServer:
             "error": error,
         }
 
-    def _validate(
-        self, batch: dict[str, Any], number: int
-    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """The file's lines, or the first problem that fails the batch (as OpenAI's validation does)."""
-        if number in self.fail_batches:
-            return [], {
-                "code": "invalid_request",
-                "message": "this batch was set to fail",
-                "param": None,
-                "line": 1,
-            }
-        lines: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for number_of_line, raw in enumerate(self.contents[batch["input_file_id"]].splitlines(), 1):
-            try:
-                line = json.loads(raw)
-                custom_id, url = line["custom_id"], line["url"]
-                valid = line["method"] == "POST" and isinstance(line["body"], dict)
-            except (ValueError, KeyError, TypeError):
-                custom_id, url, valid = None, None, False
-            problem = (
-                "not a valid request line" if not valid or not isinstance(custom_id, str)
-                else f"duplicate custom_id {custom_id!r}" if custom_id in seen
-                else f"url {url!r} does not match the batch's endpoint" if url != batch["endpoint"]
-                else None
-            )  # fmt: skip
-            if problem is not None:
-                return [], {
-                    "code": "invalid_request",
-                    "message": problem,
-                    "param": None,
-                    "line": number_of_line,
-                }
-            seen.add(custom_id)
-            lines.append(line)
-        if len(lines) > self.max_requests:
-            message = f"{len(lines)} requests, over the limit of {self.max_requests}"
-            return [], {"code": "too_many_requests", "message": message, "param": None, "line": None}
-        return lines, None
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_openai_batches``."""
-    import argparse
-    import contextlib
-
-    parser = argparse.ArgumentParser(description="An OpenAI Batch API look-alike server.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model", default="fake-batch-model")
-    args = parser.parse_args(argv)
-
-    async def run() -> None:
-        async with FakeOpenAIBatchServer(model=args.model, host=args.host, port=args.port) as server:
-            print(f"listening on {server.url}", flush=True)
-            await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
-
 
 if __name__ == "__main__":
+    from ._fake_openai.cli import main
+
     main()
