@@ -7,6 +7,7 @@ the server's counters prove what was sent (and that nothing was sent twice).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -353,3 +354,45 @@ async def test_a_recorded_batch_the_provider_no_longer_knows_is_sent_again(tmp_p
             await backend.aclose()
     assert all(isinstance(e, ab.RequestRejectedError) and "no such batch" in str(e) for e in first)
     assert second == plain and server.created == 2 and server.uploads == 2
+
+
+async def test_the_openai_sdk_drives_the_look_alike(server: FakeOpenAIBatchServer) -> None:
+    """OpenAI's own client, an independent reading of the spec: its types parse every object served."""
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+    try:
+        lines = [
+            {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": server.model, "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 3}}
+            for i in range(3)
+        ]  # fmt: skip
+        lines[2]["body"]["messages"][0]["content"] = "no [reject]"
+        content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+        assert uploaded.purpose == "batch" and uploaded.bytes == len(content)
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await server.wait_until(lambda s: s.batches[batch.id]["status"] == "completed")
+        done = await client.batches.retrieve(batch.id)
+        assert done.status == "completed" and done.request_counts is not None
+        assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+            3,
+            2,
+            1,
+        )
+        listed = [b.id async for b in client.batches.list(limit=1)]
+        assert listed == [batch.id]
+        assert done.output_file_id is not None and done.error_file_id is not None
+        output = (await client.files.content(done.output_file_id)).text.splitlines()
+        errors = (await client.files.content(done.error_file_id)).text.splitlines()
+        plain = await client.chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "hi 0"}], max_tokens=3
+        )
+    finally:
+        await client.close()
+    answers = {json.loads(x)["custom_id"]: json.loads(x) for x in output + errors}
+    assert set(answers) == {"c0", "c1", "c2"}
+    first = openai.types.chat.ChatCompletion.model_validate(answers["c0"]["response"]["body"])
+    assert first.choices[0].message.content == plain.choices[0].message.content
+    assert answers["c2"]["response"]["status_code"] == 400 and answers["c2"]["error"] is None
