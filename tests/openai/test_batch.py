@@ -396,3 +396,19 @@ async def test_the_openai_sdk_drives_the_look_alike(server: FakeOpenAIBatchServe
     first = openai.types.chat.ChatCompletion.model_validate(answers["c0"]["response"]["body"])
     assert first.choices[0].message.content == plain.choices[0].message.content
     assert answers["c2"]["response"]["status_code"] == 400 and answers["c2"]["error"] is None
+
+
+async def test_a_batch_cancelled_elsewhere_fails_its_requests_retryably() -> None:
+    requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(3)]
+    async with FakeOpenAIBatchServer(hold=True) as server:
+        backend = await backend_on(server)
+        try:
+            run = asyncio.ensure_future(ab.gather(backend, requests, batch=True, return_exceptions=True))
+            await server.wait_until(lambda s: sum(s.polls.values()) >= 1)
+            next(iter(server.batches.values()))["status"] = "cancelling"  # as a cancel from the dashboard
+            server.release()
+            results = await run
+        finally:
+            await backend.aclose()
+    assert all(type(r) is ab.BackendError and r.retryable and "batch_cancelled" in str(r) for r in results)
+    assert next(iter(server.batches.values()))["status"] == "cancelled" and not server.answered
