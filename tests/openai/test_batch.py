@@ -391,6 +391,11 @@ async def test_the_openai_sdk_drives_the_look_alike(server: FakeOpenAIBatchServe
         )
     finally:
         await client.close()
+    # Validated (the client itself parses leniently): every batch and file object served.
+    for served in server.batches.values():
+        openai.types.Batch.model_validate(served)
+    for served in server.files.values():
+        openai.types.FileObject.model_validate(served)
     answers = {json.loads(x)["custom_id"]: json.loads(x) for x in output + errors}
     assert set(answers) == {"c0", "c1", "c2"}
     first = openai.types.chat.ChatCompletion.model_validate(answers["c0"]["response"]["body"])
