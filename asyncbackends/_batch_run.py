@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -300,13 +301,17 @@ class BatchRun:
             self._fail(set(wanted), exc)
             return
         self.batches.remove(batch)
+        if self.cache is not None:
+            results = [(wanted[c], r) for c, r in outcomes.items() if isinstance(r, GenerationResult)]
+            try:
+                self.cache.put_many(self.backend, results)
+            except sqlite3.Error as exc:  # as a failed single write: the caller still gets the results
+                log.warning("response cache %s: write failed: %s", self.cache.path, exc)
         for custom_id, request in wanted.items():
             outcome = outcomes.get(custom_id)
             if outcome is None:
                 kind = BackendTimeoutError if status.status == _EXPIRED else BackendError
                 outcome = kind(f"batch {status.id} ended {status.status} without an answer for this request")
-            if isinstance(outcome, GenerationResult) and self.cache is not None:
-                await self.cache.aput(self.backend, request, outcome)
             self._deliver(self.pending[custom_id], self._owned(outcome, request))
         # Dropped only once its results are stored: killed before this, a restart reads the batch again.
         if self.cache is not None:

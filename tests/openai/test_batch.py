@@ -417,3 +417,19 @@ async def test_a_batch_cancelled_elsewhere_fails_its_requests_retryably() -> Non
             await backend.aclose()
     assert all(type(r) is ab.BackendError and r.retryable and "batch_cancelled" in str(r) for r in results)
     assert next(iter(server.batches.values()))["status"] == "cancelled" and not server.answered
+
+
+async def test_put_many_stores_a_batch_in_one_transaction(tmp_path: Path) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    backend = ab.create_backend("mock")
+    try:
+        greedy = ab.GenerationRequest("a", ab.SamplingParams(max_tokens=2), request_id="x")
+        unseeded = ab.GenerationRequest("b", ab.SamplingParams(max_tokens=2, temperature=1.0))
+        result = ab.GenerationResult("x", (ab.Completion("done", (1, 2)),), 3, "m")
+        cache.put_many(backend, [(greedy, result), (unseeded, result)])
+        assert (
+            len(cache) == 1 and cache.get(backend, greedy) == result and cache.get(backend, unseeded) is None
+        )
+    finally:
+        cache.close()
+        await backend.aclose()
