@@ -307,15 +307,15 @@ class BatchRun:
                 self.cache.put_many(self.backend, results)
             except sqlite3.Error as exc:  # as a failed single write: the caller still gets the results
                 log.warning("response cache %s: write failed: %s", self.cache.path, exc)
+            # Dropped once its results are stored (killed before, a restart reads the batch again), and
+            # before any is delivered: a failed request raised from here is sent again by the next run.
+            self.cache.remove_batch(batch.record.file_id)
         for custom_id, request in wanted.items():
             outcome = outcomes.get(custom_id)
             if outcome is None:
                 kind = BackendTimeoutError if status.status == _EXPIRED else BackendError
                 outcome = kind(f"batch {status.id} ended {status.status} without an answer for this request")
             self._deliver(self.pending[custom_id], self._owned(outcome, request))
-        # Dropped only once its results are stored: killed before this, a restart reads the batch again.
-        if self.cache is not None:
-            self.cache.remove_batch(batch.record.file_id)
 
     async def _retrying(self, call: Callable[[int], Awaitable[T]]) -> T:
         attempt = 1

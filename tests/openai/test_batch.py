@@ -49,6 +49,15 @@ def assert_same(batch: Sequence[Any], plain: Sequence[Any]) -> None:
     assert not different, different[:3]
 
 
+def recorded(path: Path, backend: OpenAIBackend) -> list[Any]:
+    """The batches the cache file still records for ``backend``."""
+    cache = ab.ResponseCache(path)
+    try:
+        return list(cache.batch_records(backend))
+    finally:
+        cache.close()
+
+
 async def backend_on(server: FakeOpenAIBatchServer, **options: Any) -> OpenAIBackend:
     options.setdefault("batch_poll_interval", 0.01)
     built = await ab.acreate_backend("openai", base_url=server.url, **options)
@@ -260,7 +269,7 @@ async def test_a_cancelled_run_on_a_cache_resumes_its_batch(tmp_path: Path) -> N
     assert resumed == plain
     assert server.uploads == 1 and server.created == 1 and server.paths["/v1/batches"] >= 2
     assert all(count == 1 for count in server.batch_answered.values())
-    assert ab.ResponseCache(cache).batch_records(backend) == []
+    assert recorded(cache, backend) == []
 
 
 async def test_a_cancelled_run_without_a_cache_cancels_its_batch() -> None:
@@ -433,3 +442,24 @@ async def test_put_many_stores_a_batch_in_one_transaction(tmp_path: Path) -> Non
     finally:
         cache.close()
         await backend.aclose()
+
+
+async def test_a_raised_error_leaves_the_rest_stored_and_the_rerun_sends_only_the_failed(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "run.sqlite"
+    requests = [
+        ab.GenerationRequest("fine" if i % 3 else f"bad {i} [reject]", ab.SamplingParams(max_tokens=2))
+        for i in range(6)
+    ]
+    async with FakeOpenAIBatchServer() as server:
+        backend = await backend_on(server)
+        try:
+            with pytest.raises(ab.RequestRejectedError, match=r"bad 0 \[reject\]|refused"):
+                await ab.gather(backend, requests, batch=True, cache=cache)
+            assert recorded(cache, backend) == []
+            again = await ab.gather(backend, requests, batch=True, cache=cache, return_exceptions=True)
+        finally:
+            await backend.aclose()
+    assert [isinstance(r, ab.RequestRejectedError) for r in again] == [i % 3 == 0 for i in range(6)]
+    assert [b["request_counts"]["total"] for b in server.batches.values()] == [6, 2]  # only the failed again
