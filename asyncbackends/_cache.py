@@ -349,15 +349,17 @@ class ResponseCache:
             self._db.execute("DELETE FROM batches WHERE file_id = ?", (file_id,))
 
     def stats(self) -> dict[str, Any]:
-        """Entries by backend and kind, and the file's size in bytes."""
+        """Entries by backend and kind, provider batches still recorded as in flight, the file's size."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT backend, kind, COUNT(*) FROM results GROUP BY backend, kind ORDER BY backend, kind"
             ).fetchall()
+            batches = int(self._db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
         return {
             "path": str(self.path),
             "entries": sum(r[2] for r in rows),
             "by_backend": [{"backend": r[0], "kind": r[1], "entries": r[2]} for r in rows],
+            "batches_in_flight": batches,
             "bytes": self.path.stat().st_size,
         }
 

@@ -243,7 +243,9 @@ async def test_progress_shows_the_batches_while_polling(capsys: pytest.CaptureFi
     assert "eval" in err and "batches: 1 in_progress; in flight answered 0/4" in err
 
 
-async def test_a_cancelled_run_on_a_cache_resumes_its_batch(tmp_path: Path) -> None:
+async def test_a_cancelled_run_on_a_cache_resumes_its_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Cancelled (and, separately, a record left without its batch id): the next run sends nothing again."""
     cache = tmp_path / "run.sqlite"
     requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(6)]
@@ -258,6 +260,8 @@ async def test_a_cancelled_run_on_a_cache_resumes_its_batch(tmp_path: Path) -> N
             with pytest.raises(asyncio.CancelledError):
                 await run
             assert server.paths["/v1/batches/{id}/cancel"] == 0  # on a cache: kept for the next run
+            assert await asyncio.to_thread(cli_main, ["cache", "stats", str(cache)]) == 0
+            assert '"batches_in_flight": 1' in capsys.readouterr().out
             # As if killed between creating the batch and recording its id: found by its input file.
             with sqlite3.connect(cache) as db:
                 db.execute("UPDATE batches SET batch_id = NULL")
