@@ -368,10 +368,11 @@ class ResponseCache:
             return int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
 
     def clear(self) -> int:
-        """Delete every entry; returns how many there were."""
+        """Delete every entry and batch record (a cleared cache resumes nothing); returns the entries."""
         with self._lock:
             count = int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
             self._db.execute("DELETE FROM results")
+            self._db.execute("DELETE FROM batches")
             with contextlib.suppress(sqlite3.OperationalError):
                 self._db.execute("VACUUM")
         return count

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 import asyncbackends as ab
 from asyncbackends._cli.main import main as cli_main
+from asyncbackends.abc import BatchRecord
 from asyncbackends.adapters.openai import OpenAIBackend
 from asyncbackends.testing.fake_openai_batches import FakeOpenAIBatchServer
 
@@ -274,6 +275,20 @@ async def test_a_cancelled_run_on_a_cache_resumes_its_batch(
     assert server.uploads == 1 and server.created == 1 and server.paths["/v1/batches"] >= 2
     assert all(count == 1 for count in server.batch_answered.values())
     assert recorded(cache, backend) == []
+
+
+async def test_clear_forgets_recorded_batches(tmp_path: Path) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    backend = ab.create_backend("mock")
+    try:
+        cache.add_batch(backend, BatchRecord("file-1", "/v1/completions", "batch_1", ("k-0",)))
+        assert (
+            cache.stats()["batches_in_flight"] == 1 and cache.batch_records(backend)[0].batch_id == "batch_1"
+        )
+        assert cache.clear() == 0 and cache.batch_records(backend) == []
+    finally:
+        cache.close()
+        await backend.aclose()
 
 
 async def test_a_cancelled_run_without_a_cache_cancels_its_batch() -> None:
