@@ -55,9 +55,26 @@ def _restarts(engines: _Engines, max_restarts: int = 2) -> tuple[EngineRestarts,
     return EngineRestarts(first, start=engines.start, stop=engines.stop, max_restarts=max_restarts), first
 
 
-async def _send(engine: _Engine, again: bool, sent: list[tuple[str, bool]], done: asyncio.Event) -> str:
+class _Sent(list[tuple[str, bool]]):
+    """What was sent: (engine, sent again); `reach` waits for a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def add(self, item: tuple[str, bool]) -> None:
+        self.append(item)
+        self.changed.set()
+
+    async def reach(self, count: int) -> None:
+        while len(self) < count:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def _send(engine: _Engine, again: bool, sent: _Sent, done: asyncio.Event) -> str:
     """A request that runs until ``done`` unless its engine dies first."""
-    sent.append((engine.name, again))
+    sent.add((engine.name, again))
     dies = asyncio.ensure_future(engine.dead.wait())
     ends = asyncio.ensure_future(done.wait())
     await asyncio.wait([dies, ends], return_when=asyncio.FIRST_COMPLETED)
@@ -80,15 +97,16 @@ def test_max_restarts_refuses_anything_else(value: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_one_restart_for_many_requests_and_each_sent_again_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_one_restart_for_many_requests_and_each_sent_again_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     engines = _Engines()
     engines.release = asyncio.Event()
     restarts, first = _restarts(engines)
-    sent: list[tuple[str, bool]] = []
+    sent = _Sent()
     done = asyncio.Event()
     tasks = [asyncio.ensure_future(restarts.run(lambda e, a: _send(e, a, sent, done))) for _ in range(5)]
-    while len(sent) < 5:
-        await asyncio.sleep(0)
+    await sent.reach(5)
     with caplog.at_level(logging.WARNING, logger="asyncbackends.adapters.vllm"):
         first.dead.set()
         await engines.starting.wait()
@@ -98,14 +116,15 @@ async def test_one_restart_for_many_requests_and_each_sent_again_once(caplog: py
             await asyncio.sleep(0)
         assert len(sent) == 5 and not late.done()
         engines.release.set()
-        while len(sent) < 11:
-            await asyncio.sleep(0)
+        await sent.reach(11)
         done.set()
         results = await asyncio.gather(*tasks, late)
     assert results == ["engine-1"] * 6
     assert restarts.count == 1 and engines.started == [restarts.engine]
     assert engines.stopped == [first]  # the dead engine was shut down before the new one started
-    assert sorted(sent) == sorted([("engine-0", False)] * 5 + [("engine-1", True)] * 5 + [("engine-1", False)])
+    assert sorted(sent) == sorted(
+        [("engine-0", False)] * 5 + [("engine-1", True)] * 5 + [("engine-1", False)]
+    )
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("died (RuntimeError: engine-0 died)" in m and "restart 1 of at most 2" in m for m in warnings)
 
@@ -114,12 +133,11 @@ async def test_one_restart_for_many_requests_and_each_sent_again_once(caplog: py
 async def test_a_death_past_max_restarts_fails_what_is_left_and_later_requests() -> None:
     engines = _Engines()
     restarts, first = _restarts(engines, max_restarts=2)
-    sent: list[tuple[str, bool]] = []
+    sent = _Sent()
     done = asyncio.Event()
     tasks = [asyncio.ensure_future(restarts.run(lambda e, a: _send(e, a, sent, done))) for _ in range(3)]
     for deaths in range(3):  # the same three requests die with each engine: three deaths in a row
-        while len(sent) < 3 * (deaths + 1):
-            await asyncio.sleep(0)
+        await sent.reach(3 * (deaths + 1))
         (restarts.engine or first).dead.set()
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     assert all(isinstance(r, ab.BackendBrokenError) for r in results), results
@@ -136,12 +154,12 @@ async def test_max_restarts_zero_and_a_failed_start_give_up() -> None:
     restarts, first = _restarts(_Engines(), max_restarts=0)
     first.dead.set()
     with pytest.raises(ab.BackendBrokenError, match="after 0 restart"):
-        await restarts.run(lambda e, a: _send(e, a, [], asyncio.Event()))
+        await restarts.run(lambda e, a: _send(e, a, _Sent(), asyncio.Event()))
     failing = _Engines(fail_start=True)
     restarts, first = _restarts(failing)
     first.dead.set()
-    with pytest.raises(ab.BackendBrokenError, match="failed to start again .RuntimeError: no memory left"):
-        await restarts.run(lambda e, a: _send(e, a, [], asyncio.Event()))
+    with pytest.raises(ab.BackendBrokenError, match=r"failed to start again \(RuntimeError: no memory left"):
+        await restarts.run(lambda e, a: _send(e, a, _Sent(), asyncio.Event()))
     assert restarts.count == 1 and failing.stopped == [first]
 
 
@@ -150,10 +168,9 @@ async def test_close_during_a_restart_cancels_the_start_and_fails_the_waiting_re
     engines = _Engines()
     engines.release = asyncio.Event()  # never set: the start hangs until cancelled
     restarts, first = _restarts(engines)
-    sent: list[tuple[str, bool]] = []
+    sent = _Sent()
     task = asyncio.ensure_future(restarts.run(lambda e, a: _send(e, a, sent, asyncio.Event())))
-    while not sent:
-        await asyncio.sleep(0)
+    await sent.reach(1)
     first.dead.set()
     await engines.starting.wait()
     await asyncio.wait_for(restarts.aclose(), 10)
