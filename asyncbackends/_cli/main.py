@@ -42,6 +42,7 @@ from .._gather import RetryPolicy, run_batch
 from .._install import pip_install
 from .._loop import get_loop_manager
 from .._observability.run_metrics import RunMetrics
+from .._options import RunOptions
 from .._parse import parse_option_value as parse_option_value
 from .._parse import parse_options as parse_options
 from .._registry import available_backends, create_backend, extra_installed, required_options
@@ -217,8 +218,26 @@ def _interrupted_message(kept: int, total: int, args: argparse.Namespace) -> str
     return f"asyncbackends run: interrupted: kept {kept} of {total} results in {where}; {resume}\n"
 
 
+def _run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's policy from the command line, checked before anything starts.
+
+    A bad value must not start an engine or empty ``--output``: gather alone would refuse it only once the run
+    starts, after both.
+    """
+    options: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "timeout": args.timeout,
+        "retry": RetryPolicy(max_attempts=args.max_attempts),
+    }
+    RunOptions(**options)
+    return options
+
+
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     requests = _read_requests(Path(args.input))
+    if not requests:
+        raise InvalidRequestError(f"no requests in {args.input}: nothing was sent and no output was written")
+    run_options = _run_options(args)
     options = parse_options(args.option)
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
@@ -236,7 +255,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         except KeyboardInterrupt:
             _exit_during_start_up()
         stack.callback(get_loop_manager().run, backend.aclose())
-        if args.warm_up and requests:
+        if args.warm_up:
             _warm_up(backend, requests[0])
         metrics = RunMetrics()
         metrics.track_replicas(backend)  # a pool's per-replica figures in the summary; nothing otherwise
@@ -250,9 +269,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
                 backend,
                 requests,
                 writer.add,
-                concurrency=args.concurrency,
-                timeout=args.timeout,
-                retry=RetryPolicy(max_attempts=args.max_attempts),
+                **run_options,
                 progress=not args.no_progress and args.backend,
                 cache=args.cache,
                 return_exceptions=True,

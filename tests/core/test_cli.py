@@ -316,3 +316,48 @@ def test_run_takes_adaptive_concurrency_and_refuses_other_words(
     with pytest.raises(SystemExit):
         main(["run", str(EXAMPLE), "--backend", "mock", "--concurrency", "auto"])
     assert "expected a number or 'adaptive', got 'auto'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        (["--concurrency", "0"], "concurrency"),
+        (["--timeout", "-1"], "timeout"),
+        (["--max-attempts", "0"], "max_attempts"),
+    ],
+)
+def test_bad_run_option_refused_before_start_and_output_kept(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: list[str],
+    named: str,
+) -> None:
+    import asyncbackends._cli.main as cli
+
+    output = tmp_path / "out.jsonl"
+    output.write_text("an earlier run's results\n")
+    built: list[str] = []
+
+    def create(name: str, /, **options: Any) -> Any:
+        built.append(name)
+        raise AssertionError("the backend must not be built for a run whose options are bad")
+
+    monkeypatch.setattr(cli, "create_backend", create)
+    code = main(["run", str(EXAMPLE), "--backend", "mock", *option, "--output", str(output)])
+    assert code == 2
+    assert built == []
+    assert named in capsys.readouterr().err
+    assert output.read_text() == "an earlier run's results\n"
+
+
+def test_empty_input_says_no_requests_and_keeps_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    output = tmp_path / "out.jsonl"
+    output.write_text("an earlier run's results\n")
+    assert main(["run", str(empty), "--backend", "mock", "--output", str(output)]) == 2
+    assert "no requests" in capsys.readouterr().err
+    assert output.read_text() == "an earlier run's results\n"

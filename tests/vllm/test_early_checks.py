@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters import _vllm_checks
+from asyncbackends.adapters.vllm import _checks as _vllm_checks
 
 ROOT = Path(__file__).parents[2]
 
@@ -31,8 +32,8 @@ PROBE = textwrap.dedent(
 )
 
 
-def create_in_fresh_process(**options: Any) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def create_in_fresh_process(env: dict[str, str] | None = None, **options: Any) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(options)],
         capture_output=True,
@@ -68,8 +69,36 @@ def test_local_looking_paths_must_exist(model: str) -> None:
 
 
 @pytest.mark.parametrize("model", ["gpt2", "meta-llama/Llama-3.2-1B"])
-def test_repo_ids_are_left_to_the_hub(model: str) -> None:
-    _vllm_checks.check_before_import("vllm", model, {"max_num_seqs": 8})
+def test_repo_ids_are_left_to_the_hub_when_it_answers(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as hub:  # accepts connections: the hub is reachable
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.getsockname()[1]}")
+        _vllm_checks.check_before_import("vllm", model, {"max_num_seqs": 8})
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+def test_repo_id_refused_at_once_when_the_hub_cannot_be_reached(tmp_path: Path) -> None:
+    # Before the check, vLLM's start-up retried the hub for 37-50 s and then failed as BackendBrokenError.
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    outcome = create_in_fresh_process(
+        env={"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path)}, model="org/name"
+    )
+    assert outcome["type"] == "BackendUnavailableError"
+    assert "'org/name' is not a local directory nor in the Hugging Face cache" in outcome["message"]
+    assert f"{endpoint} cannot be reached" in outcome["message"]
+    assert outcome["vllm"] is False
+
+
+def test_offline_mode_leaves_repo_ids_to_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _vllm_checks.check_before_import("vllm", "org/name", {})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with pytest.raises(ab.BackendUnavailableError, match="cannot be reached"):
+        _vllm_checks.check_before_import("vllm", "org/name", {})
 
 
 def test_vllm_not_installed_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters._vllm_restart import EngineDied, EngineRestarts, check_max_restarts
+from asyncbackends.adapters.vllm._restart import EngineDied, EngineRestarts, check_max_restarts
 
 
 class _Engine:

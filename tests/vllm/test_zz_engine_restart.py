@@ -76,7 +76,7 @@ def test_a_core_killed_mid_run_is_started_again_and_500_greedy_results_equal_an_
     assert backend.restarts == 0
     old = core_pid(backend)
     cores_before, monitors_before = set(engine_core_pids()), monitors()
-    from asyncbackends.adapters._vllm_shm import engine_segments
+    from asyncbackends.adapters.vllm._shm import engine_segments
 
     segments = engine_segments(backend.engine)  # the dead core cannot unlink the one it created
     assert segments, "the engine's shared memory was not found"
