@@ -101,6 +101,8 @@ def test_a_core_killed_mid_run_is_started_again_and_500_greedy_results_equal_an_
     assert not retried  # the death was hidden inside the adapter: gather saw no failure
     warned = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert any("died (EngineDeadError" in m and "restart 1 of at most 2" in m for m in warned), warned
+    times = [r.created for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    print(f"the restart took {times[-1] - times[0]:.1f} s (dead engine stopped, new one started)")
     # Nothing of the dead engine is left: its core is gone, one new core, the dead client's monitor ended,
     # its shared memory unlinked.
     assert not [name for name in segments if (Path("/dev/shm") / name).exists()]
