@@ -189,3 +189,9 @@ async def test_a_report_about_a_replaced_engine_restarts_nothing() -> None:
     assert restarts.engine is second and restarts.count == 1
     await restarts.check_ready(lambda engine: asyncio.sleep(0))
     assert restarts.count == 1
+
+
+@pytest.mark.parametrize("engines", [1, 2])
+def test_create_backend_refuses_a_bad_max_restarts_before_starting_anything(engines: int) -> None:
+    with pytest.raises(ab.InvalidRequestError, match="max_restarts must be an int >= 0, got -1"):
+        ab.create_backend("vllm", model="/no/such/model", engines=engines, max_restarts=-1)
