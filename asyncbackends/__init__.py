@@ -23,6 +23,7 @@ from ._observability.runlog import RunLog
 from ._options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from ._protocol import AsyncBackend, BaseBackend, Secret
 from ._registry import acreate_backend, available_backends, create_backend, register_backend
+from ._timeouts import Timeouts
 from ._types import (
     Capabilities,
     Completion,
@@ -47,6 +48,7 @@ from .errors import (
     BackendNotFoundError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     LoopError,
     RateLimitedError,
@@ -70,6 +72,7 @@ __all__ = [
     "BaseBackend",
     "Capabilities",
     "Completion",
+    "ContextLengthError",
     "GenerationRequest",
     "GenerationResult",
     "InvalidRequestError",
@@ -96,6 +99,7 @@ __all__ = [
     "RunOptions",
     "SamplingParams",
     "Secret",
+    "Timeouts",
     "TokenUsage",
     "Tool",
     "ToolCall",

@@ -33,6 +33,7 @@ from ..errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     LoopError,
     RateLimitedError,
@@ -44,6 +45,7 @@ __all__ = [
     "HTTPResponse",
     "HTTPTransport",
     "error_for_status",
+    "is_context_length",
     "error_from_exception",
     "error_message",
     "json_body",
@@ -84,6 +86,8 @@ def error_message(body: bytes | str) -> str:
     """
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     text = text.strip()
+    if text.startswith("data:"):  # an error sent as a server-sent event (a streamed route's answer)
+        text = text[5:].split("\n", 1)[0].strip()
     try:
         data = json.loads(text)
     except ValueError:
@@ -103,6 +107,25 @@ def error_message(body: bytes | str) -> str:
     return text or "(empty body)"
 
 
+# How servers say that the prompt plus max_tokens do not fit: OpenAI's error code, its wording (which vLLM
+# serve's renderer shares), vLLM engine's own check, vLLM serve's clamp of max_tokens, TGI's router.
+_CONTEXT_LENGTH = (
+    "context_length_exceeded",
+    "maximum context length",
+    "longer than the maximum model length",
+    "`inputs` tokens + `max_new_tokens` must be",
+    "`inputs` must have less than",
+)
+
+
+def is_context_length(status: int, body: bytes | str) -> bool:
+    """Whether a 4xx answer says the prompt plus ``max_tokens`` exceed the model's context."""
+    if status not in (400, 413, 422):
+        return False
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return any(marker in text for marker in _CONTEXT_LENGTH)
+
+
 def error_for_status(
     status: int,
     body: bytes | str,
@@ -113,10 +136,11 @@ def error_for_status(
 ) -> BackendError:
     """The library error for a non-2xx HTTP response.
 
-    401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); other 4xx ->
-    `RequestRejectedError` (never retried), except 408 (a retryable timeout) and 424 (TGI's "failed
-    during generation", a server-side failure); 502, 503 and 504 -> `BackendUnavailableError`; any other
-    status (424, 500...) -> a retryable `BackendError`.
+    401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); a 400, 413 or
+    422 that says the prompt plus ``max_tokens`` exceed the model (`is_context_length`) ->
+    `ContextLengthError`; other 4xx -> `RequestRejectedError` (never retried), except 408 (a retryable
+    timeout) and 424 (TGI's "failed during generation", a server-side failure); 502, 503 and 504 ->
+    `BackendUnavailableError`; any other status (424, 500...) -> a retryable `BackendError`.
     """
     message = f"HTTP {status}: {error_message(body)}"
     kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
@@ -127,6 +151,8 @@ def error_for_status(
         return AuthenticationError(message, **kwargs)
     if status == 408:
         return BackendTimeoutError(message, **kwargs)
+    if is_context_length(status, body):
+        return ContextLengthError(message, **kwargs)
     if 400 <= status < 500 and status != 424:
         return RequestRejectedError(message, **kwargs)
     if status in (502, 503, 504):
@@ -134,14 +160,19 @@ def error_for_status(
     return BackendError(message, **kwargs)
 
 
-def error_from_exception(exc: BaseException, *, backend: str, request_id: str | None = None) -> BackendError:
+def error_from_exception(
+    exc: BaseException, *, backend: str, request_id: str | None = None, idle: float | None = None
+) -> BackendError:
     """The library error for an exception aiohttp raised while sending or reading (the caller chains it).
 
-    Timeouts -> `BackendTimeoutError`; refused, reset or dropped connections -> `BackendUnavailableError`
-    (both retryable); a response that cannot be parsed -> a retryable `BackendError`.
+    Timeouts -> `BackendTimeoutError` (named an idle timeout when no byte came for ``idle`` seconds);
+    refused, reset or dropped connections -> `BackendUnavailableError` (both retryable); a response that
+    cannot be parsed -> a retryable `BackendError`.
     """
     kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
     detail = str(exc) or type(exc).__name__
+    if idle is not None and isinstance(exc, aiohttp.SocketTimeoutError):
+        return BackendTimeoutError(f"no data from the server for {idle:g} s (the idle timeout)", **kwargs)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return BackendTimeoutError(f"HTTP request timed out ({type(exc).__name__})", **kwargs)
     if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError)):
@@ -301,8 +332,19 @@ class HTTPTransport:
         json_body: Any = None,
         request_id: str | None = None,
         timeout: float | None = None,
+        idle: float | None = None,
     ) -> HTTPResponse:
         """Send one request and read the whole response; never raises for a status.
+
+        Args:
+            method: The HTTP method.
+            path: Appended to the base URL.
+            json_body: Sent as JSON when not ``None``.
+            request_id: Named in errors.
+            timeout: Seconds the whole exchange may take, instead of the transport's.
+            idle: Seconds allowed between two reads from the socket, the wait for the answer's first byte
+                included (``ab.Timeouts.idle``, read by the adapter with ``idle_timeout()``); ``None``
+                for no limit. A streamed answer that keeps coming is never cut by it.
 
         Raises:
             BackendClosedError: `aclose` started before the response was read (whatever the connection did
@@ -319,8 +361,9 @@ class HTTPTransport:
             # body is streamed instead, with its length known.
             kwargs["data"] = io.BytesIO(data) if len(data) > _LARGE_BODY else data
             kwargs["headers"] = _JSON_CONTENT
-        if timeout is not None:
-            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
+        if timeout is not None or idle is not None:
+            total = timeout if timeout is not None else self.timeout
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=total, sock_read=idle)
         if self._closed:
             raise self.closed_error(request_id)
         session = self.session  # checks the loop before queueing on a loop-bound semaphore
@@ -336,7 +379,9 @@ class HTTPTransport:
                     raise self.closed_error(request_id) from exc
                 if isinstance(exc, RuntimeError):
                     raise
-                raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+                raise error_from_exception(
+                    exc, backend=self.backend, request_id=request_id, idle=idle
+                ) from exc
         if self._closed:
             raise self.closed_error(request_id)
         return response
