@@ -132,7 +132,9 @@ async def test_streamed_results_equal_the_non_streamed_answer(
 
 
 @pytest.mark.asyncio
-async def test_an_error_event_mid_stream_is_mapped(make_server: MakeServer, make_backend: MakeBackend) -> None:
+async def test_an_error_event_mid_stream_is_mapped(
+    make_server: MakeServer, make_backend: MakeBackend
+) -> None:
     server = await make_server(fail_attempts=1, failure=429)
     backend = await make_backend(server.url)
     (result,) = await ab.gather(
