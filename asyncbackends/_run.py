@@ -29,7 +29,13 @@ from ._types import (
     Request,
     Result,
 )
-from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
+from .errors import (
+    AsyncBackendsError,
+    BackendError,
+    BackendTimeoutError,
+    ContextLengthError,
+    InvalidRequestError,
+)
 
 __all__ = ["Outcome", "Run"]
 
@@ -233,6 +239,8 @@ class Run:
                     raise outcome
                 if metrics is not None:
                     metrics.errors[type(outcome).__name__] += 1
+                    if isinstance(outcome, ContextLengthError):
+                        metrics.context_length_errors += 1
             elif metrics is not None:
                 metrics.successes += 1
                 if isinstance(outcome, GenerationResult):

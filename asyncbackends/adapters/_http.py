@@ -40,6 +40,7 @@ from ..errors import (
     RequestRejectedError,
 )
 from ._credentials import split_headers, split_url_credentials
+from ._lengths import says_context_length
 
 __all__ = [
     "HTTPResponse",
@@ -107,23 +108,11 @@ def error_message(body: bytes | str) -> str:
     return text or "(empty body)"
 
 
-# How servers say that the prompt plus max_tokens do not fit: OpenAI's error code, its wording (which vLLM
-# serve's renderer shares), vLLM engine's own check, vLLM serve's clamp of max_tokens, TGI's router.
-_CONTEXT_LENGTH = (
-    "context_length_exceeded",
-    "maximum context length",
-    "longer than the maximum model length",
-    "`inputs` tokens + `max_new_tokens` must be",
-    "`inputs` must have less than",
-)
-
-
 def is_context_length(status: int, body: bytes | str) -> bool:
     """Whether a 4xx answer says the prompt plus ``max_tokens`` exceed the model's context."""
     if status not in (400, 413, 422):
         return False
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    return any(marker in text for marker in _CONTEXT_LENGTH)
+    return says_context_length(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
 
 
 def error_for_status(

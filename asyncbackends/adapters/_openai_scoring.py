@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._tasks import all_or_nothing
 from .._timeouts import idle_timeout
 from .._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
-from ..errors import BackendError, RequestRejectedError
+from ..errors import BackendError, ContextLengthError, RequestRejectedError
 from ._http import HTTPResponse, HTTPTransport
 from ._openai_wire import echo_payload, parse_echo
 from ._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
@@ -70,7 +70,7 @@ class VLLMServerScoring:
             max_prompt_tokens=self._max_prompt_tokens,
         )
         if scoring is None:
-            raise RequestRejectedError(
+            raise ContextLengthError(
                 f"continuation does not fit in max_model_len={self.max_model_len}",
                 backend=self.name,
                 request_id=rid,

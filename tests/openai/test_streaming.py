@@ -48,7 +48,9 @@ def prompt_of(n: int) -> str:
 @pytest.mark.asyncio
 @pytest.mark.slow
 @pytest.mark.parametrize("chat", [False, True])
-async def test_a_20_minute_stream_finishes_under_the_default_timeouts_unretried(make: Make, chat: bool) -> None:
+async def test_a_20_minute_stream_finishes_under_the_default_timeouts_unretried(
+    make: Make, chat: bool
+) -> None:
     server, backend = await make(
         max_model_len=2 * TOKENS + 10, token_interval=TOKEN_INTERVAL, time_scale=SCALE
     )
@@ -94,7 +96,9 @@ async def test_a_stream_that_stops_past_idle_is_retried(make: Make, chat: bool) 
         ab.SamplingParams(max_tokens=8, temperature=0.9, seed=4, n=3, logprobs=True),
     ],
 )
-async def test_streamed_results_equal_the_whole_answer(make: Make, chat: bool, params: ab.SamplingParams) -> None:
+async def test_streamed_results_equal_the_whole_answer(
+    make: Make, chat: bool, params: ab.SamplingParams
+) -> None:
     server, backend = await make()
     prompt: Any = [{"role": "user", "content": "hello there"}] if chat else "hello there"
     request = ab.GenerationRequest(prompt, params)
@@ -124,4 +128,5 @@ async def test_context_length_exceeded_is_one_unretried_error_and_the_run_goes_o
     assert type(error) is ab.ContextLengthError and not error.retryable
     assert "maximum context length is 32 tokens" in str(error)
     assert server.attempts["x" * 30] == 1 and metrics.retries == 0
-    assert metrics.errors == {"ContextLengthError": 1}
+    assert metrics.errors == {"ContextLengthError": 1} and metrics.context_length_errors == 1
+    assert "too long for the model: 1" in metrics.format()
