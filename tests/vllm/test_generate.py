@@ -182,10 +182,11 @@ def test_a_prompt_the_model_cannot_hold_is_a_context_length_error_and_the_run_go
     metrics = ab.RunMetrics()
     over, fits, full = ab.run_batch(backend, requests, return_exceptions=True, metrics=metrics)
     assert type(over) is ab.ContextLengthError and not over.retryable and over.request_id == "over"
-    assert "longer than the maximum model length of 512" in str(over)
-    assert type(full) is ab.ContextLengthError and "requested output tokens" in str(full)
+    assert "maximum context length is 512 tokens" in str(over)
+    assert type(full) is ab.ContextLengthError and "512" in str(full)
     assert isinstance(fits, ab.GenerationResult) and len(fits.completions[0].token_ids) == 4
     assert metrics.retries == 0 and metrics.errors == {"ContextLengthError": 2}
+    assert metrics.context_length_errors == 2
     results = ab.run_batch(backend, [ab.GenerationRequest([100_000])], return_exceptions=True)
     assert type(results[0]) is ab.RequestRejectedError  # refused, but not for its length
 
