@@ -91,7 +91,7 @@ def test_limited_sets_its_own_limits_and_the_tighter_one_wins() -> None:
 @pytest.mark.asyncio
 async def test_limited_total_bounds_a_direct_call_from_when_it_holds_a_slot() -> None:
     shared = ab.limited(MockBackend(latency=5), concurrency=1, timeout=0.05)
-    with pytest.raises(BackendTimeoutError, match="longer than the limited backend's 0.05 s"):
+    with pytest.raises(BackendTimeoutError, match=r"longer than the limited backend's 0\.05 s"):
         await shared.generate(ab.GenerationRequest("slow"))
     fast = ab.limited(MockBackend(latency=0), timeout=0.5)
     assert (await fast.generate(ab.GenerationRequest("quick"))).text == "quick"
