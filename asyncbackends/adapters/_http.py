@@ -259,6 +259,8 @@ class HTTPTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None  # the pool's bound, made on the loop that first sends
         self._closed = False  # set when aclose() starts: from then on every request ends closed
+        # Responses whose body is being read: aclose() ends those reads itself (see _shutdown).
+        self._reading: set[aiohttp.ClientResponse] = set()
 
     def __repr__(self) -> str:
         return f"HTTPTransport({self.base_url!r}, backend={self.backend!r})"
@@ -361,7 +363,11 @@ class HTTPTransport:
                 raise self.closed_error(request_id)
             try:
                 async with session.request(method, self.base_url + path, **kwargs) as resp:
-                    body = await resp.read()
+                    self._reading.add(resp)
+                    try:
+                        body = await resp.read()
+                    finally:
+                        self._reading.discard(resp)
                     response = HTTPResponse(resp.status, resp.headers, body)
             except (aiohttp.ClientError, TimeoutError, ConnectionError, RuntimeError) as exc:
                 if self._closed:  # the pool was closed under it: not a server failure to retry
@@ -391,10 +397,19 @@ class HTTPTransport:
             return
         loop = self._loop
         if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
-            await session.close()
+            await self._shutdown(session)
         else:
             # aclose() awaited from another loop: the pool belongs to the session's loop, close it there.
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._shutdown(session), loop))
+
+    async def _shutdown(self, session: aiohttp.ClientSession) -> None:
+        # aiohttp closes a connection by first forgetting its response body, so a read in progress (a
+        # streamed answer still arriving) would wait forever, its read timeout dropped too: end those reads
+        # here, on the session's loop, then close.
+        for resp in list(self._reading):
+            resp.content.set_exception(aiohttp.ClientConnectionError("the session was closed"))
+        self._reading.clear()
+        await session.close()
 
 
 async def poll_until_ok(

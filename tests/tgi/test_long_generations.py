@@ -6,6 +6,7 @@ defaults scaled by the same factor, so 20 minutes of tokens play in a few second
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -141,3 +142,19 @@ async def test_an_error_event_mid_stream_is_mapped(
         backend, [ab.GenerationRequest("busy", ab.SamplingParams(max_tokens=4))], retry=fast_retry(2)
     )
     assert result.completions[0].text == "busy" and server.statuses[429] == 1
+
+
+@pytest.mark.asyncio
+async def test_aclose_ends_a_stream_being_read(make_server: MakeServer, make_backend: MakeBackend) -> None:
+    # aiohttp forgets a response's body when its connection is closed: without the transport ending the
+    # read itself, a streamed answer in progress waited forever after aclose().
+    server = await make_server(token_interval=1.0, record=False)  # a token a second: still streaming
+    backend = await make_backend(server.url)
+    request = ab.GenerationRequest("slow", ab.SamplingParams(max_tokens=2))
+    task = asyncio.ensure_future(ab.get_loop_manager().arun(backend.generate(request)))
+    while server.in_flight == 0 and not task.done():  # the stream has started
+        await asyncio.sleep(0.01)
+    assert not task.done(), task
+    await backend.aclose()
+    with pytest.raises(ab.BackendClosedError):
+        await asyncio.wait_for(task, 10)
