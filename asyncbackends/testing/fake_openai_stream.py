@@ -3,7 +3,7 @@
 It serves ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, both answered
 whole or, with ``stream: true``, as ``chunk`` events ending in ``data: [DONE]`` (a final ``usage`` chunk
 when ``stream_options.include_usage`` asks for it), as OpenAI's API reference gives them. The model is
-`fake_tgi_model`'s (greedy echoes the prompt, or a chat's last message; sampling shuffles it with the seed);
+`_fake_tgi.model`'s (greedy echoes the prompt, or a chat's last message; sampling shuffles it with the seed);
 special tokens are never part of an answer. A prompt plus ``max_tokens`` over ``max_model_len`` is refused
 as OpenAI refuses it: 400, ``code: "context_length_exceeded"``.
 
@@ -28,8 +28,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ._fake_tgi.model import FakeModel, Generation
 from ._serve import serve
-from .fake_tgi_model import FakeModel, Generation
 
 __all__ = ["FakeOpenAIServer"]
 
