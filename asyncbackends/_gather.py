@@ -28,6 +28,7 @@ from ._options import RetryPolicy as RetryPolicy
 from ._options import RunOptions as RunOptions
 from ._protocol import AsyncBackend
 from ._run import Outcome, Run
+from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption
 from ._types import Request, Result
 from .errors import AsyncBackendsError, InvalidRequestError
 
@@ -76,7 +77,7 @@ async def gather(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -92,7 +93,7 @@ async def gather(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -107,7 +108,7 @@ async def gather(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,
@@ -132,7 +133,9 @@ async def gather(
             limit on rate-limit and overload answers, raises it on clean rounds and holds it when queueing
             delay grows.
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
-        timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
+        timeout: Per-attempt limits, an `ab.Timeouts`: by default no total and 120 s without a byte or
+            token (a generation that streams runs as long as it produces); a plain number is a total alone,
+            as before (waiting for a slot does not count); ``None`` for no limit at all.
         rate_limit: Client-side request and token rate limits.
         progress: Show a tqdm bar (``True``, or a ``str`` for its label).
         cache: A `ResponseCache` or a path to one: results found there are not sent again, new ones are
@@ -164,7 +167,7 @@ def run_batch(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -180,7 +183,7 @@ def run_batch(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -195,7 +198,7 @@ def run_batch(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,
@@ -225,7 +228,7 @@ def as_completed(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -241,7 +244,7 @@ def as_completed(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -256,7 +259,7 @@ async def as_completed(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,

@@ -20,6 +20,7 @@ from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
 from ._observability.callbacks import RunCallbacks
 from ._observability.run_metrics import RunMetrics
+from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption, as_timeouts
 from .errors import InvalidRequestError, RateLimitedError
 
 __all__ = [
@@ -140,7 +141,9 @@ class RunOptions:
             else `DEFAULT_CONCURRENCY`; ``"adaptive"`` or an `AdaptiveConcurrency` finds the server's
             capacity as the run goes (`asyncbackends._adaptive`).
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
-        timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
+        timeout: Per-attempt limits (`Timeouts`): by default no total and 120 s without a byte or token
+            (a generation that streams runs as long as it produces); a plain number is a total alone
+            (waiting for a slot does not count); ``None`` for no limit at all.
         rate_limit: Client-side request and token rate limits, for this run alone.
         progress: Show a tqdm bar (``True``, or a ``str`` for its label).
         cache: A `ResponseCache` or a path to one (opened when the run starts, closed when it ends).
@@ -149,7 +152,7 @@ class RunOptions:
         callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
         batch: Send the generation requests through the backend's provider batch API (`SupportsBatch`,
             ``openai``): half the price, answered within the provider's window; ``concurrency``,
-            ``timeout`` and ``rate_limit`` have no meaning then and are refused.
+            a ``timeout`` total and ``rate_limit`` have no meaning then and are refused.
 
     Raises:
         InvalidRequestError: A value of the wrong type or out of range.
@@ -157,7 +160,7 @@ class RunOptions:
 
     concurrency: Concurrency = None
     retry: RetryPolicy | None = None
-    timeout: float | None = None
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS
     rate_limit: RateLimit | None = None
     progress: bool | str = False
     cache: ResponseCache | str | os.PathLike[str] | None = None
@@ -167,10 +170,8 @@ class RunOptions:
     batch: bool = False
 
     def __post_init__(self) -> None:
-        timeout = self.timeout
         adaptive_settings(self.concurrency)
-        if timeout is not None and (not _is_number(timeout) or not 0 < timeout < float("inf")):
-            raise InvalidRequestError(f"timeout must be a finite number > 0 or None, got {timeout!r}")
+        as_timeouts(self.timeout)
         _check_type("retry", self.retry, RetryPolicy)
         _check_type("rate_limit", self.rate_limit, RateLimit)
         _check_type("metrics", self.metrics, RunMetrics)
@@ -184,12 +185,16 @@ class RunOptions:
             raise InvalidRequestError(f"batch must be a bool, got {self.batch!r}")
         if self.batch:
             # The provider paces a batch (answered within its window, hours): a client-side bound on
-            # requests in flight, per attempt or per second would bound nothing.
-            for name in ("concurrency", "timeout", "rate_limit"):
-                if getattr(self, name) is not None:
-                    raise InvalidRequestError(
-                        f"{name} has no meaning with batch=True (the provider paces it)"
-                    )
+            # requests in flight, per attempt or per second would bound nothing. The idle limit is left
+            # alone (it is on by default); nothing in a batch run streams.
+            total = as_timeouts(self.timeout).total
+            for name, value in (
+                ("concurrency", self.concurrency),
+                ("timeout", total),
+                ("rate_limit", self.rate_limit),
+            ):
+                if value is not None:
+                    raise InvalidRequestError(f"{name} has no meaning with batch=True (the provider paces)")
 
 
 def _check_type(name: str, value: object, expected: type | tuple[type, ...]) -> None:

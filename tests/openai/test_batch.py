@@ -215,7 +215,13 @@ async def test_refused_before_anything_is_sent(server: FakeOpenAIBatchServer) ->
             await ab.gather(mock, [request], batch=True)
         with pytest.raises(ab.InvalidRequestError, match="generation requests only"):
             await ab.gather(backend, [request, ab.LoglikelihoodRequest("a", " b")], batch=True)
-        for option in ({"concurrency": 4}, {"timeout": 10.0}, {"rate_limit": ab.RateLimit(1.0)}):
+        refused = (
+            {"concurrency": 4},
+            {"timeout": 10.0},
+            {"timeout": ab.Timeouts(total=10)},
+            {"rate_limit": ab.RateLimit(1)},
+        )
+        for option in refused:
             with pytest.raises(ab.InvalidRequestError, match="no meaning with batch=True"):
                 await ab.gather(backend, [request], batch=True, **option)
         with pytest.raises(ab.InvalidRequestError, match="batch must be a bool"):
