@@ -49,14 +49,17 @@ def answer_after(completion: Completion, think_end: str | None) -> Answer:
 def answer_without_tags(completion: Completion, tag_pairs: Sequence[tuple[str, str]]) -> Answer:
     """The answer under lighteval's reasoning tags: each closed ``start ... end`` span removed, as it does.
 
-    Two cases lighteval's own removal misses are handled: an end tag with no start before it (the chat
-    template opened the thought in the prompt) ends a thought that began with the text, and a start tag
-    left without its end is an unfinished thought: the answer is ``""``.
+    Tags given mean the model thinks first (as vLLM's reasoning parsers assume), which covers what
+    lighteval's own removal misses: an end tag with no start before it ends a thought the chat template
+    opened in the prompt, and a text with no end tag at all, or a start left without its end, is a thought
+    the token limit cut off: the answer is ``""``.
     """
     split = _split_by_backend(completion)
-    if split is not None:
-        return split
+    if split is not None or not tag_pairs:
+        return split or Answer(completion.text)
     text = completion.text
+    if not any(end in text for _, end in tag_pairs):
+        return Answer("", unclosed=True)
     for start, end in tag_pairs:
         first_end, first_start = text.find(end), text.find(start)
         if first_end >= 0 and (first_start < 0 or first_end < first_start):

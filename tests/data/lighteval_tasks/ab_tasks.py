@@ -1,7 +1,8 @@
 """Local lighteval tasks for the integration tests: JSONL files next to this module, no hub.
 
 ``ab_mc`` is a multiple-choice loglikelihood task; ``ab_pass`` a generative task sampled four times per
-document and scored with pass@k.
+document and scored with pass@k; ``ab_think`` a generative task for reasoning models (the mock that thinks its
+prompt backwards: short questions close their thought within the 32 tokens, long ones are cut off thinking).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def gen_prompt(line: dict[str, Any], task_name: str = "") -> Doc:
     )
 
 
+def think_prompt(line: dict[str, Any], task_name: str = "") -> Doc:
+    return Doc(task_name=task_name, query=f"{line['question']}\nA:", choices=[line["answer"]], gold_index=0)
+
+
 ab_mc = LightevalTaskConfig(
     name="ab_mc",
     prompt_function=mc_prompt,
@@ -56,4 +61,17 @@ ab_pass = LightevalTaskConfig(
     version=0,
 )
 
-TASKS_TABLE = [ab_mc, ab_pass]
+ab_think = LightevalTaskConfig(
+    name="ab_think",
+    prompt_function=think_prompt,
+    hf_repo=str(_DATA / "think"),
+    hf_subset="default",
+    hf_avail_splits=["test"],
+    evaluation_splits=["test"],
+    generation_size=32,
+    stop_sequence=["\n"],
+    metrics=[Metrics.exact_match],
+    version=0,
+)
+
+TASKS_TABLE = [ab_mc, ab_pass, ab_think]
