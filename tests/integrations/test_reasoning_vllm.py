@@ -1,0 +1,101 @@
+"""End to end on the real engine: lm-eval and lighteval score the tiny reasoning model's answer alone.
+
+The session's plain `vllm` backend on the tiny reasoning model (no reasoning parser) returns the thought and
+its ``</think>`` in the text; its chat template opens the thought, so some greedy thoughts close within the
+task's 32 tokens and others are cut off. lm-eval's ``think_end_token`` and lighteval's ``reasoning_tags``
+must score what follows ``</think>``, cut at the task's stop, and an unclosed thought as an empty answer.
+The reference: the same engine asked directly for the same chat with no stop strings, split by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+import lm_eval
+from lm_eval.tasks import TaskManager
+
+import asyncbackends as ab
+from asyncbackends.integrations._lm_eval_chat import chat_prompt
+from asyncbackends.integrations.lm_eval import AsyncBackendsLM
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    # vLLM's engine shutdown leaves a ZMQ context for the garbage collector (reported to the adapter).
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+LM_EVAL_TASKS = Path(__file__).resolve().parent.parent / "data" / "lm_eval_tasks"
+MAX_TOKENS = 32  # the ab_think tasks' limit
+
+
+def _raw(engine: Any, prompt: Any) -> str:
+    """The engine's own greedy text for ``prompt``, asked directly with no stop strings."""
+    return str(
+        ab.run_batch(engine, [ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=MAX_TOKENS))])[0].text
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue("tiny_reasoning_vllm_engine")
+
+
+def test_lm_eval_think_end_token_scores_the_answer_and_unclosed_thoughts_as_empty(engine: Any) -> None:
+    results = lm_eval.simple_evaluate(
+        model=AsyncBackendsLM(engine, think_end_token="</think>", progress=False),  # shared: never closed
+        tasks=["ab_think"],
+        task_manager=TaskManager(include_path=str(LM_EVAL_TASKS), include_defaults=False),
+        apply_chat_template=True,
+        log_samples=True,
+    )
+    assert results is not None
+    samples = results["samples"]["ab_think"]
+    closed = []
+    hits = 0
+    for sample in samples:
+        context = sample["arguments"][0][0]  # (context, gen_kwargs) of its one request
+        raw = _raw(engine, chat_prompt(context, None))
+        closed.append("</think>" in raw)
+        # lm-eval's rule: what follows the last </think>, left-stripped, cut at the task's "\n".
+        answer = raw.rpartition("</think>")[2].lstrip().split("\n")[0] if closed[-1] else ""
+        assert sample["filtered_resps"][0] == answer
+        hits += answer == sample["target"]
+    # The tiny model closes some thoughts within 32 tokens and not others: both paths were exercised.
+    assert any(closed) and not all(closed), closed
+    assert results["results"]["ab_think"]["exact_match,none"] == pytest.approx(hits / len(samples))
+
+
+def test_lighteval_reasoning_tags_score_the_answer_and_unclosed_thoughts_as_empty(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("lighteval")
+    from asyncbackends.integrations.lighteval import AsyncBackendsModel, AsyncBackendsModelConfig
+
+    from .lighteval_helpers import custom_tasks_only, details, run_pipeline
+
+    custom_tasks_only(monkeypatch)
+    config = AsyncBackendsModelConfig(
+        model_name="tiny-reasoning",
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        use_chat_template=True,
+        reasoning_tags=[("<think>", "</think>")],
+    )
+    model = AsyncBackendsModel(config, backend=engine)  # wraps the shared engine: left open
+    pipeline = run_pipeline("ab_think|0", tmp_path / "out", model=model)
+    closed = []
+    for doc, response in details(pipeline, "ab_think|0"):
+        raw = _raw(engine, [{"role": "user", "content": doc.query}])
+        closed.append("</think>" in raw)
+        # vLLM's deepseek_r1 rule for a template-opened thought: what follows the first </think> (lighteval
+        # sends no task stops with a chat template).
+        answer = raw.partition("</think>")[2] if closed[-1] else ""
+        assert response.final_text[0] == answer
+    assert any(closed) and not all(closed), closed
