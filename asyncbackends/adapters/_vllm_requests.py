@@ -35,14 +35,21 @@ __all__ = [
 ]
 
 
-def engine_capabilities(*, images: bool, max_concurrency: int) -> Capabilities:
+def engine_capabilities(*, images: bool, max_concurrency: int, engine: Any = None) -> Capabilities:
     """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
 
     Args:
         images: Whether vLLM loads the model as multimodal.
         max_concurrency: The concurrency hint for `gather`.
+        engine: The ``AsyncLLM``: built with a reasoning parser, it splits thinking from the answer and, where
+            this vLLM has ``thinking_token_budget`` (0.12 and later), enforces a thinking budget.
     """
+    reasoning = engine is not None and bool(engine.vllm_config.structured_outputs_config.reasoning_parser)
+    config = getattr(engine.vllm_config, "reasoning_config", None) if reasoning else None
     return Capabilities(
+        reasoning=reasoning,
+        thinking_budget=config is not None
+        and "thinking_token_budget" in VLLMSamplingParams.__struct_fields__,
         loglikelihood=True,
         rolling_loglikelihood=True,
         is_greedy=True,
@@ -86,6 +93,8 @@ def _converted(params: SamplingParams) -> VLLMSamplingParams:
     # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
     optional = params.optional_params()
     schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
+    if "thinking_budget" in optional:  # claimed only where the engine enforces it (engine_capabilities)
+        optional["thinking_token_budget"] = optional.pop("thinking_budget")
     try:
         if schema is not None or regex is not None:
             optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from ._vllm_chat import ChatPath, check_tool_parser
     from ._vllm_compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._vllm_engine import start_engine, stop_engine
+    from ._vllm_reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
     from ._vllm_requests import completions, engine_capabilities, engine_input, scoring_params, vllm_sampling
     from ._vllm_requests import prompt_ids as translate_prompt
 
@@ -81,6 +83,9 @@ class VLLMBackend(BaseBackend):
         tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
             ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
         allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
+        reasoning_parser: vLLM's name of the reasoning parser (``deepseek_r1``, ``qwen3``, ...; the engine was
+            built with it): completions come back split into ``reasoning`` and the answer, as ``vllm serve
+            --reasoning-parser`` splits them, and stop strings end only the answer (`_vllm_reasoning`).
     """
 
     name = "vllm"
@@ -94,9 +99,11 @@ class VLLMBackend(BaseBackend):
         max_concurrency: int | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
     ) -> None:
         self._engine: AsyncLLM | None = engine
         self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
+        self._reasoning = ReasoningPath(engine, reasoning_parser) if reasoning_parser else None
         multimodal = bool(engine.model_config.is_multimodal_model)
         self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
         self._closing: asyncio.Future[None] | None = None
@@ -104,6 +111,8 @@ class VLLMBackend(BaseBackend):
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
         # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
         self._engine_args = {k: v for k, v in (engine_args or {}).items() if k in _FINGERPRINT_OPTIONS}
+        if reasoning_parser:  # it changes what text holds
+            self._engine_args["reasoning_parser"] = reasoning_parser
         self._checkpoint = checkpoint_fields(model, engine_args or {})  # retrained in place: other keys
         self.max_model_len: int = engine.model_config.max_model_len
         self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
@@ -128,7 +137,7 @@ class VLLMBackend(BaseBackend):
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
-        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint)
+        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint, engine=engine)
 
     @classmethod
     async def create(
@@ -139,6 +148,7 @@ class VLLMBackend(BaseBackend):
         routing: str | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
         **engine_args: Any,
     ) -> VLLMBackend | VLLMEnginesBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it (several, with ``engines``).
@@ -150,6 +160,7 @@ class VLLMBackend(BaseBackend):
             model: A model directory or hub id.
             tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
             allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
+            reasoning_parser: vLLM's reasoning parser: split thinking from the answer (see `VLLMBackend`).
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -168,7 +179,11 @@ class VLLMBackend(BaseBackend):
                 engine refuses.
             BackendBrokenError: The engine failed to start.
         """
-        chat: dict[str, Any] = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
+        chat: dict[str, Any] = dict(
+            tool_parser=tool_parser,
+            allow_remote_images=allow_remote_images,
+            reasoning_parser=reasoning_parser,
+        )
         count = check_engines(engines, routing, engine_args)
         if count != 1:
             check_before_import(cls.name, model, engine_args)
@@ -189,6 +204,7 @@ class VLLMBackend(BaseBackend):
         start_group: object | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
     ) -> VLLMBackend:
         """One engine; ``env`` overrides the environment its processes start with.
 
@@ -199,7 +215,10 @@ class VLLMBackend(BaseBackend):
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
         check_options(cls.name, engine_args, engine_fields - {"model"})
         check_tool_parser(tool_parser, backend=cls.name)
+        check_reasoning_parser(reasoning_parser, backend=cls.name)
         options = {**engine_defaults(engine_args), **engine_args}
+        if reasoning_parser:  # the engine's too, as `vllm serve`'s: its thinking budget reads it
+            options["reasoning_parser"] = reasoning_parser
         try:
             args = AsyncEngineArgs(model=model, **options)
         except (TypeError, ValueError, VLLMError) as exc:
@@ -217,6 +236,7 @@ class VLLMBackend(BaseBackend):
                 engine_args=engine_args,
                 tool_parser=tool_parser,
                 allow_remote_images=allow_remote_images,
+                reasoning_parser=reasoning_parser,
             )
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
@@ -264,9 +284,16 @@ class VLLMBackend(BaseBackend):
     # -- the engine boundary ---------------------------------------------------------------------------
 
     async def _run(
-        self, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
+        self,
+        prompt: list[int] | Any,
+        params: VLLMSamplingParams,
+        request_id: str | None,
+        watch: Callable[[RequestOutput], bool] | None = None,
     ) -> RequestOutput:
-        """Send one engine request, wait for its final output, and translate engine errors to ours."""
+        """Send one engine request, wait for its final output, and translate engine errors to ours.
+
+        ``watch`` sees each output (of a streaming output kind); once it says True, the request is aborted.
+        """
         engine = self.engine  # raises BackendClosedError after aclose
         output: Any = None
         collector: RequestOutputCollector | None = None
@@ -278,6 +305,9 @@ class VLLMBackend(BaseBackend):
             collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
             while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
                 output = collector.get_nowait() or await collector.get()
+                if watch is not None and watch(output):
+                    await self._abort(engine, collector.request_id)
+                    break
         except EngineDeadError as exc:
             raise self._dead(exc, request_id) from exc
         except BaseException as exc:
@@ -328,7 +358,9 @@ class VLLMBackend(BaseBackend):
         """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
         self._check_open(request.request_id)
         params = request.params
-        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
+        refuse_unsupported(
+            params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
+        )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
         chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
         prompt: Any = (
@@ -342,8 +374,13 @@ class VLLMBackend(BaseBackend):
             length = len(prompt["prompt_token_ids"] if chat else prompt)
             return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
         sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
-        output = await self._run(prompt, sampling, request.request_id)
-        got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
+        if self._reasoning is None:
+            output = await self._run(prompt, sampling, request.request_id)
+            got = completions(output, logprobs=params.logprobs)
+        else:  # the thinking apart from the answer, stop strings ending the answer only
+            run = functools.partial(self._run, request_id=request.request_id)
+            got, output = await self._reasoning.generate(run, prompt, sampling, logprobs=params.logprobs)
+        got = self._chat.tool_calls(request, got)  # from the answer alone, as the server reads them
         if len(got) != params.n:
             raise BackendError(
                 f"vllm returned {len(got)} completions for n={params.n}",
