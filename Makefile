@@ -61,7 +61,7 @@ test: $(STAMP)
 	echo "make test: lint, typecheck, unit and docs passed"
 
 bench: $(STAMP)
-	$(PY) benchmarks/gather_overhead.py
+	$(PY) benchmarks/core/gather_overhead.py
 
 clean:
 	rm -rf site .pytest_cache .mypy_cache .ruff_cache demo-results.jsonl

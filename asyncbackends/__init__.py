@@ -23,6 +23,7 @@ from ._observability.runlog import RunLog
 from ._options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from ._protocol import AsyncBackend, BaseBackend, Secret
 from ._registry import acreate_backend, available_backends, create_backend, register_backend
+from ._routing.replica import ReplicaStats
 from ._types import (
     Capabilities,
     Completion,
@@ -35,9 +36,9 @@ from ._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._version import __version__ as __version__
 from ._wrappers.limited import LimitedBackend, limited
 from ._wrappers.pool import PoolBackend, pool
-from ._wrappers.replica import ReplicaStats
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -52,8 +53,6 @@ from .errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-
-__version__ = "0.1.0.dev0"
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

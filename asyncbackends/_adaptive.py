@@ -16,7 +16,8 @@ The limit moves once per round (as many answered attempts as the limit, all star
   past the tolerance it falls to ``limit * tolerance / gradient``, so a server that queues instead of
   refusing is not flooded either.
 
-docs/reliability.md says what was compared to choose this (measured by benchmarks/adaptive_concurrency.py).
+docs/reliability.md says what was compared to choose this (measured by
+benchmarks/core/adaptive_concurrency.py).
 Nothing here is bound to a loop until the first `AdaptiveLimiter.acquire`.
 """
 

@@ -26,8 +26,8 @@ from ._clock import held_slot
 from ._observability.observe import RequestObserver, RunObserver, note_replica
 from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, SupportsRollingLoglikelihood
 from ._registry import check_options, required_options
-from ._wrappers.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
-from ._wrappers.router import Router
+from ._routing.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
+from ._routing.router import Router
 
 __all__ = [
     "AsyncBackend",

@@ -42,7 +42,7 @@ _SCOPE = "asyncbackends"
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

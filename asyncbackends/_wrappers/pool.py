@@ -6,7 +6,7 @@ backend = ab.create_backend("pool", replicas=[{"backend": "tgi", "url": "http://
 backend = ab.create_backend("pool", replicas="replicas.toml")               # the same, from a file
 ```
 
-Each attempt goes through `asyncbackends._wrappers.router.Router` (load, cool-downs, probes, failover,
+Each attempt goes through `asyncbackends._routing.router.Router` (load, cool-downs, probes, failover,
 affinity), so `gather` stays the one fan-out path: its retries, timeouts, cache and metrics work unchanged.
 
 **One model.** Before the first request the pool reads the model each replica serves (TGI's ``/info``
@@ -50,9 +50,11 @@ from typing import Any
 
 from .._adaptive import AdaptiveConcurrency
 from .._loop import get_loop_manager
+from .._routing._routed import RoutedBackend
+from .._routing.replica import Replica
+from .._routing.router import Router
 from .._types import Request
 from ..errors import InvalidRequestError
-from ._routed import RoutedBackend
 from .pool_replicas import (
     common_capabilities,
     replica_label,
@@ -62,8 +64,6 @@ from .pool_replicas import (
 from .pool_replicas import (
     load_replicas_file as load_replicas_file,
 )
-from .replica import Replica
-from .router import Router
 
 __all__ = ["PoolBackend", "pool"]
 

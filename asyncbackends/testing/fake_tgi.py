@@ -2,10 +2,10 @@
 
 It speaks TGI's wire format (``POST /``, ``/generate``, ``/generate_stream``, ``/tokenize``,
 ``/v1/chat/completions``; ``GET /info``, ``/health``) with the router's validation rules, error bodies and
-status codes (see `fake_tgi_validation`), over the deterministic model in `fake_tgi_model`, a vision model
-whose inputs' markdown images (``![](url)``) are read as TGI's router reads them (`fake_tgi_images`). Knobs
+status codes (see `_fake_tgi.validation`), over the deterministic model in `_fake_tgi.model`, a vision model
+whose inputs' markdown images (``![](url)``) are read as TGI's router reads them (`_fake_tgi.images`). Knobs
 inject latency with jitter, 429/503/424 failures (by rate or for each input's first attempts), dropped
-connections and hangs (see `fake_tgi_faults`); counters record attempts and answers per input and the
+connections and hangs (see `_fake_tgi.faults`); counters record attempts and answers per input and the
 peak of requests in flight; with ``check_schema`` every request and response is validated against the
 OpenAPI spec and any violation kept in `schema_violations`.
 
@@ -46,11 +46,10 @@ if importlib.util.find_spec("jsonschema") is None:
     )
 
 from . import openapi
-from ._serve import serve
-from .fake_tgi_faults import choose_failure, fail
-from .fake_tgi_images import read_images
-from .fake_tgi_model import FakeModel, Generation
-from .fake_tgi_responses import (
+from ._fake_tgi.faults import choose_failure, fail
+from ._fake_tgi.images import read_images
+from ._fake_tgi.model import FakeModel, Generation
+from ._fake_tgi.responses import (
     chat_json,
     details_json,
     forced_tool_call,
@@ -58,17 +57,18 @@ from .fake_tgi_responses import (
     stream_events,
     timing_headers,
 )
-from .fake_tgi_validation import (
+from ._fake_tgi.validation import (
     Limits as Limits,
 )
-from .fake_tgi_validation import (
+from ._fake_tgi.validation import (
     ValidRequest,
     WireError,
     chat_to_generate,
     deserialize_parameters,
     parse_body,
 )
-from .fake_tgi_validation import validate_generate as _validate
+from ._fake_tgi.validation import validate_generate as _validate
+from ._serve import serve
 
 __all__ = ["FakeTGIServer"]
 
@@ -409,6 +409,6 @@ class FakeTGIServer:
 
 
 if __name__ == "__main__":
-    from .fake_tgi_cli import main
+    from ._fake_tgi.cli import main
 
     main()

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks" / "gpu"
 
 
 @contextlib.contextmanager
 def benchmark_module(name: str, *also_loaded: str) -> Iterator[ModuleType]:
-    """``benchmarks/<name>.py`` imported; afterwards ``sys.path`` is restored and it (and ``also_loaded``,
+    """``benchmarks/gpu/<name>.py`` imported; afterwards ``sys.path`` is restored and it (and ``also_loaded``,
     the scripts it imports) forgotten, so no other test sees them."""
     saved_path = list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))

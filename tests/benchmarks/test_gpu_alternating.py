@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks" / "gpu"
 
 
 @pytest.fixture(scope="module")

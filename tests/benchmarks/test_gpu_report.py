@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-REPORT = Path(__file__).parents[2] / "benchmarks" / "gpu_report.py"
+REPORT = Path(__file__).parents[2] / "benchmarks" / "gpu" / "gpu_report.py"
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def test_no_page_or_message_installs_from_an_index(path: Path) -> None:
 def test_the_hint_says_the_same_everywhere() -> None:
     from asyncbackends._install import pip_install
     from asyncbackends._observability.prometheus import _HINT
-    from asyncbackends.adapters._vllm_checks import INSTALL_HINT
+    from asyncbackends.adapters.vllm._checks import INSTALL_HINT
 
     assert pip_install("otel") == _HINT == "pip install -e '.[otel]' in the asyncbackends checkout"
     assert pip_install("vllm") == INSTALL_HINT

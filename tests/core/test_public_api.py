@@ -50,7 +50,13 @@ def test_changelog_has_an_unreleased_section() -> None:
 # Modules a user may import by path; every other module of the package is private by name.
 PUBLIC_MODULES = ("asyncbackends", "asyncbackends.abc", "asyncbackends.errors")
 PUBLIC_PACKAGES = ("asyncbackends.adapters.", "asyncbackends.integrations.", "asyncbackends.testing.")
-FACADES = {"asyncbackends", "asyncbackends.abc", "asyncbackends.testing", "asyncbackends.testing.contract"}
+FACADES = {
+    "asyncbackends",
+    "asyncbackends.abc",
+    "asyncbackends.adapters.vllm",
+    "asyncbackends.testing",
+    "asyncbackends.testing.contract",
+}
 PACKAGE = Path(ab.__file__).parent
 
 

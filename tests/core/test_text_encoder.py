@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from asyncbackends.adapters._text_encoder import TextEncoder
+from asyncbackends.adapters.vllm._text_encoder import TextEncoder
 
 pytestmark = pytest.mark.asyncio
 

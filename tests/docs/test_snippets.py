@@ -100,7 +100,7 @@ def engines() -> Iterator[dict[str, Any]]:
 
 @pytest.fixture
 def shared_vllm(engines: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncbackends.adapters import _vllm_checks
+    from asyncbackends.adapters.vllm import _checks as _vllm_checks
 
     real_create, real_acreate = ab.create_backend, ab.acreate_backend
 

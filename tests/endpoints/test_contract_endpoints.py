@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.testing._fake_tgi.model import FakeModel
 from asyncbackends.testing.contract import BackendContract
 from asyncbackends.testing.fake_endpoints import FakeEndpointsAPI
 from asyncbackends.testing.fake_tgi import FakeTGIServer
-from asyncbackends.testing.fake_tgi_model import FakeModel
 
 SECRET = "hf_ENDPOINTScontract_0123456789"
 

@@ -17,9 +17,9 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._adaptive import AdaptiveLimiter
+from asyncbackends._routing.replica_limits import PoolLimit
+from asyncbackends._routing.router import Router
 from asyncbackends._wrappers.pool import PoolBackend
-from asyncbackends._wrappers.replica_limits import PoolLimit
-from asyncbackends._wrappers.router import Router
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
 from .test_pool_tgi import MakeServer, make_pool, until

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends._wrappers.router import Replica, Router, is_replica_fault, sent_nothing
+from asyncbackends._routing.router import Replica, Router, is_replica_fault, sent_nothing
 
 
 class Stub:

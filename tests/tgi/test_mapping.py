@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.testing._fake_tgi.model import EOS_ID, FakeModel, token_logprob
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
-from asyncbackends.testing.fake_tgi_model import EOS_ID, FakeModel, token_logprob
 
 from .conftest import MakeBackend, MakeServer, sent
 

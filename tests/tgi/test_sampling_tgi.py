@@ -168,7 +168,7 @@ async def test_look_alike_deserialises_grammar_like_serde(
 @pytest.mark.asyncio
 async def test_look_alike_chat_presence_penalty_is_a_repetition_penalty(make_server: MakeServer) -> None:
     # Why the adapter never sends presence_penalty: TGI's router turns it into repetition_penalty + 2.
-    from asyncbackends.testing.fake_tgi_validation import chat_to_generate
+    from asyncbackends.testing._fake_tgi.validation import chat_to_generate
 
     body = chat_to_generate({"messages": CHAT, "presence_penalty": -2.5})
     assert body["parameters"]["repetition_penalty"] == -0.5

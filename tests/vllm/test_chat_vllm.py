@@ -230,7 +230,7 @@ def test_auto_tool_choice_decodes_special_tokens_as_vllms_server(vlm_backend: An
     # (the parser's adjust_request), and only for "auto" with tools.
     from vllm import SamplingParams
 
-    from asyncbackends.adapters._vllm_chat import ChatPath
+    from asyncbackends.adapters.vllm._chat import ChatPath
 
     path = ChatPath(engine=vlm_backend.engine, backend="vllm", tool_parser="hermes")
     messages = CASES["tools_none"][0]
@@ -249,7 +249,7 @@ def test_remote_image_refused_without_the_option(vlm_backend: Any) -> None:
 
 
 def test_auto_tool_choice_without_a_parser_is_refused_naming_the_option() -> None:
-    from asyncbackends.adapters._vllm_chat import ChatPath
+    from asyncbackends.adapters.vllm._chat import ChatPath
 
     request = ab.GenerationRequest([{"role": "user", "content": "hi"}], tools=(ADD,))
     with pytest.raises(ab.RequestRejectedError, match="tool_parser"):
@@ -259,7 +259,7 @@ def test_auto_tool_choice_without_a_parser_is_refused_naming_the_option() -> Non
 
 def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
     # inspect's use_tools(..., tool_choice=ToolFunction("add")) sends "auto" on the turn after the forced call.
-    from asyncbackends.adapters._vllm_chat import ChatPath
+    from asyncbackends.adapters.vllm._chat import ChatPath
 
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     second_turn = ab.GenerationRequest(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters import _vllm_checks
+from asyncbackends.adapters.vllm import _checks as _vllm_checks
 
 ROOT = Path(__file__).parents[2]
 

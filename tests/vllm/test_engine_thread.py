@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters import _vllm_engine
+from asyncbackends.adapters.vllm import _engine_lifecycle as _vllm_engine
 
 NO_ARGS: Any = None  # the stand-in builder ignores the engine arguments
 
@@ -99,7 +99,7 @@ def test_a_process_exits_without_waiting_for_a_start(tmp_path: Any) -> None:
             """
             import time
             import asyncbackends as ab
-            from asyncbackends.adapters import _vllm_engine
+            from asyncbackends.adapters.vllm import _engine_lifecycle as _vllm_engine
 
             _vllm_engine.AsyncLLM.from_engine_args = lambda *a, **k: time.sleep(3600)
             ab.get_loop_manager().submit(_vllm_engine.start_engine(None))

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters import _vllm_checks, _vllm_engines
-from asyncbackends.adapters._vllm_engines import (
+from asyncbackends.adapters.vllm import _checks as _vllm_checks
+from asyncbackends.adapters.vllm import _engine_plan as _vllm_engines
+from asyncbackends.adapters.vllm._engine_plan import (
     auto_engines,
     check_engines,
     estimate_parameters,

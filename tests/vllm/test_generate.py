@@ -221,7 +221,7 @@ def test_cancelling_a_gather_aborts_engine_requests(backend: Any) -> None:
 
 
 def test_equal_sampling_params_share_one_engine_object_which_requests_leave_unchanged(backend: Any) -> None:
-    from asyncbackends.adapters._vllm_requests import vllm_sampling
+    from asyncbackends.adapters.vllm._requests import vllm_sampling
 
     def params(max_tokens: int = 5) -> ab.SamplingParams:
         return ab.SamplingParams(max_tokens=max_tokens, temperature=0.8, top_k=5, stop=("zz",), seed=3)

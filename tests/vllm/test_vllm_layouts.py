@@ -34,7 +34,7 @@ OLD_LAYOUT = textwrap.dedent(
     old_home.make_tool_call_id = lambda *args, **kwargs: "chatcmpl-tool-from-the-old-home"
     sys.modules["vllm.entrypoints.chat_utils"] = old_home
 
-    from asyncbackends.adapters import _vllm_chat
+    from asyncbackends.adapters.vllm import _chat as _vllm_chat
 
     print(_vllm_chat.make_tool_call_id())
     """

@@ -58,7 +58,8 @@ _STARTED: dict[str, Any] = {}  # what the engines' start left: the events, torch
 def engines2(tiny_model: str) -> Iterator[Any]:
     import torch
 
-    from asyncbackends.adapters import _vllm_checks, _vllm_engine
+    from asyncbackends.adapters.vllm import _checks as _vllm_checks
+    from asyncbackends.adapters.vllm import _engine_lifecycle as _vllm_engine
 
     threads = torch.get_num_threads()
     on_cpu = _vllm_checks._on_cpu()  # on a GPU the engines start one after another: no barrier there

@@ -1,0 +1,253 @@
+"""`ReplicaSet`: the replicas a router routes over, and each one's life: joined, cooled, probed, drained.
+
+The base of `Router` (`asyncbackends._routing.router`), which adds the routing of attempts. What lives here:
+
+- **Health**: `fault` cools a replica down and starts its background probe (``check_ready``, then the
+  owner's ``verify``); a probe that passes takes it back; `refuse` takes it out for good.
+- **Joining**: `add` takes a new replica in while runs go. It joins ``cooling`` (``last_error`` says
+  ``joining``) and gets its first probe at once: it is routed to once that probe passes, never before, so a
+  replica still starting takes no attempt. Labels are unique over the set's whole life: a label once used
+  (even by a replica removed since) is refused.
+- **Draining**: `drain` takes a replica out of routing (state ``draining``: no new attempt goes to it, no
+  probe takes it back) and returns once its in-flight attempts have ended, answered, then removes it. Its
+  requests are neither cut nor resent: the caller (the ``ray`` backend's ``resize``) stops it afterwards.
+- **Wake-ups**: one future that attempts waiting for a replica (or for room, or a drain) wait on, set by
+  each change that may let them go on.
+
+Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that uses it: the
+shared loop, where `RoutedBackend` moves every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._observability.telemetry import record_replica_state
+from .._types import GenerationRequest, SamplingParams
+from ..errors import BackendUnavailableError, InvalidRequestError
+from .replica import COOLING, DRAINING, HEALTHY, REFUSED, REMOVED, Replica, ReplicaStats
+from .replica_limits import ReplicaLimits
+
+__all__ = ["ReplicaSet"]
+
+log = logging.getLogger("asyncbackends._routing.router")
+
+_PROBE_REQUEST = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="asyncbackends-probe")
+
+
+class ReplicaSet:
+    """The replicas of a router and their state changes; `Router` sets the attributes below."""
+
+    replicas: list[Replica]
+    name: str
+    cooldown: float
+    max_cooldown: float
+    probe_timeout: float
+    verify: Callable[[Replica], Awaitable[None]] | None
+    limits: ReplicaLimits | None
+    _labels: set[str]
+    _taken_back: asyncio.Future[None] | None
+    _closed: bool
+
+    # -- membership ----------------------------------------------------------------------------------
+
+    def add(self, backend: Any, *, label: str | None = None, capacity: int | None = None) -> Replica:
+        """Take a new replica in while runs go; it is routed to once its first probe passes.
+
+        Call it on the router's loop (the shared loop). With per-replica limits on, it gets its own.
+
+        Args:
+            backend: The replica object, or a `Replica` wrapper (then ``label`` and ``capacity`` are its).
+            label: Its name in reports; by default ``replica-<n>``, ``n`` one past the highest used.
+            capacity: Requests it serves at once, for load ratios.
+
+        Raises:
+            InvalidRequestError: The label was used already by this router, or the router is closed.
+        """
+        if self._closed:
+            raise InvalidRequestError("a closed router takes no new replica")
+        if isinstance(backend, Replica):
+            replica = backend
+        else:
+            if label is None:
+                n = len(self._labels)
+                while f"replica-{n}" in self._labels:
+                    n += 1
+                label = f"replica-{n}"
+            replica = Replica(backend, label=label, capacity=capacity)
+        if replica.label in self._labels:
+            raise InvalidRequestError(f"replica label {replica.label!r} is used already in {self.name}")
+        self._labels.add(replica.label)
+        replica.state = COOLING  # out of routing until its first probe passes
+        replica.last_error = "joining: waiting for its first probe"
+        replica.cooled_until = 0.0
+        self.replicas.append(replica)
+        record_replica_state(self.name, replica.label, COOLING)
+        if self.limits is not None:
+            self.limits.add(replica)
+        log.info("replica %s joins %s; taken into routing once its probe passes", replica.label, self.name)
+        self._start_probe(replica)
+        return replica
+
+    async def taken_in(self, *replicas: Replica, timeout: float | None = None) -> None:
+        """Wait until every replica given to `add` is routed to (its probe passed).
+
+        The first one that cannot be ends the wait at once.
+
+        Args:
+            replicas: Replicas returned by `add`.
+            timeout: Seconds to wait at most; ``None`` waits as long as their probes keep failing.
+
+        Raises:
+            BackendUnavailableError: One was refused (its ``verify`` failed for good) or drained, the router
+                closed, or one was not taken in within ``timeout`` (it stays in the set, still probed: the
+                caller decides whether to drain it).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = list(replicas)
+        while waiting := [r for r in waiting if r.state != HEALTHY]:  # one taken in and cooled since counts
+            for replica in waiting:
+                if replica.state != COOLING or self._closed:
+                    raise BackendUnavailableError(
+                        f"replica {replica.label} was not taken in ({replica.state}: {replica.last_error})"
+                    )
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                first = waiting[0]
+                raise BackendUnavailableError(
+                    f"replica {first.label} was not taken in within {timeout:g} s ({first.last_error})"
+                )
+            await self._changed(left)
+
+    async def drain(self, replica: Replica) -> None:
+        """Route nothing more to ``replica``, wait for its in-flight attempts to end, then remove it.
+
+        Its attempts end as they would have (answered, or failed over if it is lost meanwhile); none is
+        cut. Idempotent; ends early (removing it) if the router is closed meanwhile.
+
+        Raises:
+            InvalidRequestError: ``replica`` is not one of this router's.
+        """
+        if replica not in self.replicas:
+            raise InvalidRequestError(f"replica {replica.label} is not in {self.name}")
+        if replica.state != DRAINING:
+            record_replica_state(self.name, replica.label, DRAINING, replica.state)
+            replica.state = DRAINING
+            log.info("replica %s draining: %d in flight", replica.label, replica.in_flight)
+            if replica._probe is not None and not replica._probe.done():
+                replica._probe.cancel()  # a draining replica is never taken back
+        while replica.in_flight and not self._closed:
+            await self._changed(None)
+        if replica in self.replicas:
+            self.replicas.remove(replica)
+            record_replica_state(self.name, replica.label, REMOVED, DRAINING)
+            log.info("replica %s drained and removed from %s", replica.label, self.name)
+        self._wake()
+
+    def attempt_ended(self, replica: Replica) -> None:
+        """Called by the router as each attempt on ``replica`` ends: a drain waits for the last one."""
+        if replica.state == DRAINING and not replica.in_flight:
+            self._wake()
+
+    # -- health --------------------------------------------------------------------------------------
+
+    def fault(self, replica: Replica, exc: BaseException) -> None:
+        """Cool ``replica`` down for ``exc`` and start probing it (nothing if it already cools down).
+
+        Many attempts failing together (a server gone with requests in flight) count as one fault.
+        """
+        if replica.state != HEALTHY or self._closed:
+            return
+        replica._streak += 1
+        length = min(self.max_cooldown, self.cooldown * 2.0 ** (replica._streak - 1))
+        retry_after = getattr(exc, "retry_after", None)
+        if isinstance(retry_after, (int, float)) and retry_after > length:
+            length = min(self.max_cooldown, float(retry_after))
+        replica.state = COOLING
+        record_replica_state(self.name, replica.label, COOLING, HEALTHY)
+        replica.cooldowns += 1
+        replica.cooled_until = time.monotonic() + length
+        replica.last_error = f"{type(exc).__name__}: {exc}"
+        log.info("replica %s cooled down for %.2f s: %s", replica.label, length, replica.last_error)
+        self._start_probe(replica)
+
+    def refuse(self, replica: Replica, reason: str) -> None:
+        """Take ``replica`` out of service for good (it serves another model, say); one draining stays so."""
+        replica.last_error = reason
+        if replica.state != DRAINING:
+            record_replica_state(self.name, replica.label, REFUSED, replica.state)
+            replica.state = REFUSED
+        log.warning("replica %s refused: %s", replica.label, reason)
+        self._wake()
+
+    def _start_probe(self, replica: Replica) -> None:
+        if replica._probe is None or replica._probe.done():
+            replica._probe = asyncio.get_running_loop().create_task(self._probe(replica))
+
+    async def _probe(self, replica: Replica) -> None:
+        while not self._closed and replica.state == COOLING:
+            await asyncio.sleep(max(0.0, replica.cooled_until - time.monotonic()))
+            try:
+                await asyncio.wait_for(self._check(replica), self.probe_timeout)
+            except asyncio.CancelledError:
+                raise
+            except InvalidRequestError as exc:
+                self.refuse(replica, str(exc))
+                return
+            except Exception as exc:
+                replica._streak += 1
+                length = min(self.max_cooldown, self.cooldown * 2.0 ** (replica._streak - 1))
+                replica.cooled_until = time.monotonic() + length
+                replica.last_error = f"probe: {type(exc).__name__}: {exc}"
+                continue
+            if replica.state != COOLING:
+                return  # drained or refused while the probe ran
+            replica.state = HEALTHY
+            record_replica_state(self.name, replica.label, HEALTHY, COOLING)
+            replica._epoch += 1
+            log.info("replica %s taken back", replica.label)
+            self._wake()
+            return
+
+    async def _check(self, replica: Replica) -> None:
+        check = getattr(replica.backend, "check_ready", None)
+        if callable(check):
+            await check()
+        else:
+            await replica.backend.generate(_PROBE_REQUEST)
+        if self.verify is not None:
+            await self.verify(replica)
+
+    # -- wake-ups ------------------------------------------------------------------------------------
+
+    async def _changed(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` seconds for a replica taken back, refused or drained, or a slot freed."""
+        if self._taken_back is None or self._taken_back.done():
+            self._taken_back = asyncio.get_running_loop().create_future()
+        await asyncio.wait([self._taken_back], timeout=timeout)
+
+    def _wake(self) -> None:
+        if self._taken_back is not None and not self._taken_back.done():
+            self._taken_back.set_result(None)
+
+    # -- figures and lifecycle -----------------------------------------------------------------------
+
+    def stats(self) -> list[ReplicaStats]:
+        """Every replica's figures, in replica order (a draining one until it is removed)."""
+        return [r.stats() for r in self.replicas]
+
+    async def aclose(self) -> None:
+        """Stop the background probes (idempotent). The replicas themselves are the owner's to close."""
+        self._closed = True
+        probes = [r._probe for r in self.replicas if r._probe is not None and not r._probe.done()]
+        for task in probes:
+            task.cancel()
+        for task in probes:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._wake()

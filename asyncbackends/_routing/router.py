@@ -1,0 +1,307 @@
+"""`Router`: the one router over replicas of one model (load, health, cool-down, failover, affinity).
+
+A replica is any object with the backend methods (``generate``, ``loglikelihood``, optionally
+``loglikelihood_rolling``): an adapter, or a proxy to a Ray actor. It may also define the readiness probe
+
+```python
+async def check_ready(self) -> None: ...   # returns when it can serve; raises a BackendError otherwise
+```
+
+(TGI's ``GET /health``, an OpenAI server's ``GET /v1/models``, a vLLM engine's liveness). Without one, the
+router probes with a one-token generation.
+
+What the router does with one attempt (`Router.call`):
+
+- **Load**: the attempt goes to the healthy replica with the fewest requests in flight relative to its
+  capacity (ties broken at random); with more than `POWER_OF_TWO_ABOVE` candidates, to the less loaded
+  of two drawn at random (power of two choices). A slow replica holds its requests longer,
+  so by Little's law it is sent fewer per second: in-flight counts are the speed signal, no latency
+  estimate is needed.
+- **Health**: a replica fault (refused or dropped connection, 5xx, 429, a timeout, a dead engine) cools the
+  replica down at once: it gets no attempt until a background probe (`check_ready`, then the ``verify`` hook
+  the owner gives) succeeds after the cool-down. Cool-downs double with each fault in a row (from
+  ``cooldown`` up to ``max_cooldown``) and honour ``Retry-After``. Cooling down at the first fault is what
+  defeats the trap of least-loaded routing, where a replica that fails fast looks idle and is sent the most.
+- **Failover**: an attempt refused before anything was sent (`sent_nothing`: connection refused) goes to
+  the next healthy replica inside the same attempt; any other replica fault is raised retryable while
+  another replica is healthy, so `gather`'s retry goes elsewhere. With no healthy replica, an attempt waits
+  up to ``wait`` seconds for one to be taken back before failing with `BackendUnavailableError`.
+- **Per-replica limits** (``replica_concurrency``, or `limit_replicas` for an adaptive run): each replica's
+  own adaptive limit (`asyncbackends._routing.replica_limits`); an attempt goes only to a replica with room
+  under it, else waits (untimed) for the first free slot. A 429 cuts that limit instead of cooling the
+  replica down, and the attempt goes at once to another replica with room, if one has.
+- **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
+  replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
+  its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
+  in flight (consistent hashing with bounded loads); otherwise the next replica in the prefix's order.
+
+Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that calls `call`:
+the shared loop, where `RoutedBackend` (`asyncbackends._routing._routed`) moves every call. `Router.aclose`
+stops the probes and ends attempts waiting for a replica; closing the replicas is the owner's job. Each router
+reports its replicas' state under its own `Router.name`.
+
+- **Resizing**: `Router.add` takes a replica in while runs go (routed to once its first probe passes);
+  `Router.drain` routes nothing more to one and returns once its in-flight attempts ended, then removes it
+  (`asyncbackends._routing.replica_set`, with the health changes and probes).
+
+A replica's state, figures and fault rules live in `asyncbackends._routing.replica`, the two ways of
+choosing one in `asyncbackends._routing.choice`, its life (joined, cooled, probed, drained) in
+`asyncbackends._routing.replica_set`; this module ties them into the policy above (their public names are
+importable from here as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .._adaptive import AdaptiveConcurrency
+from .._clock import attempt_timed_out, waiting_for_slot
+from .._observability.observe import note_replica
+from .._observability.telemetry import record_replica_state
+from .._types import Request, Result
+from ..errors import (
+    BackendClosedError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    RateLimitedError,
+)
+from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
+from .choice import ROUTINGS as ROUTINGS
+from .choice import Routing as Routing
+from .choice import affine, affinity_key, least_loaded
+from .replica import DRAINING, HEALTHY, REFUSED, for_retry
+from .replica import Replica as Replica
+from .replica import ReplicaStats as ReplicaStats
+from .replica import is_replica_fault as is_replica_fault
+from .replica import sent_nothing as sent_nothing
+from .replica_limits import ReplicaLimits
+from .replica_set import ReplicaSet
+from .router_options import DEFAULTS, check, replica_adaptive_settings
+from .router_options import OPTIONS as OPTIONS
+
+__all__ = ["Router"]
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+
+class Router(ReplicaSet):
+    """Routes attempts over replicas of one model; see the module docstring for the policy.
+
+    Args:
+        replicas: The replica objects, or `Replica` wrappers (for labels and capacities).
+        routing: ``"least_loaded"`` or ``"affinity"``.
+        cooldown: Seconds of the first cool-down of a fault streak.
+        max_cooldown: Longest cool-down, ``Retry-After`` included.
+        wait: Seconds an attempt waits for a healthy replica when none is; then `BackendUnavailableError`.
+        probe_timeout: Seconds one probe (readiness check plus ``verify``) may take.
+        verify: Called by each probe after the readiness check, before a replica is taken back (the pool
+            checks the model it serves): raising `InvalidRequestError` refuses the replica for good, any
+            other exception counts as a failed probe.
+        affinity_chars: Characters of the prompt that decide its replica under affinity routing.
+        affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
+            takes a request while it holds fewer than this times its share of the requests in flight.
+        seed: Seed of the tie-breaking and sampling generator.
+        replica_concurrency: ``"adaptive"`` (or an `AdaptiveConcurrency`) for one adaptive limit per
+            replica, moved only by that replica's answers; ``None`` (default) for none.
+        name: What the router's owner is (``"pool"``, ``"ray"``); the router's `name` is this plus a number
+            unique in the process, the ``pool`` attribute its replicas' state is reported under.
+
+    Raises:
+        InvalidRequestError: No replicas, an unknown routing, or a bad option.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Any],
+        *,
+        routing: str = "least_loaded",
+        cooldown: float = 1.0,
+        max_cooldown: float = 60.0,
+        wait: float = 30.0,
+        probe_timeout: float = 10.0,
+        verify: Callable[[Replica], Awaitable[None]] | None = None,
+        affinity_chars: int = 256,
+        affinity_slack: float = 1.25,
+        seed: int | None = None,
+        replica_concurrency: str | AdaptiveConcurrency | None = None,
+        name: str = "router",
+    ) -> None:
+        if not replicas:
+            raise InvalidRequestError("a router needs at least one replica")
+        tuning = (cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
+        check(routing, *tuning, replica_concurrency)
+        self.replicas = [
+            r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
+        ]
+        self._labels = {r.label for r in self.replicas}
+        self.routing = routing
+        self.cooldown, self.max_cooldown, self.wait = float(cooldown), float(max_cooldown), float(wait)
+        self.probe_timeout = float(probe_timeout)
+        self.verify = verify
+        self.affinity_chars, self.affinity_slack = affinity_chars, float(affinity_slack)
+        self._rng = random.Random(seed)
+        self._taken_back: asyncio.Future[None] | None = None
+        self._closed = False
+        # Each router reports its replicas under its own name: two pools never overwrite each other's gauge.
+        self.name = f"{name}-{next(_ids)}"
+        for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
+            record_replica_state(self.name, replica.label, replica.state)
+        self.limits: ReplicaLimits | None = None
+        settings = replica_adaptive_settings(replica_concurrency)
+        if settings is not None:
+            self.limit_replicas(settings)
+
+    def limit_replicas(self, settings: AdaptiveConcurrency) -> ReplicaLimits:
+        """Give every replica its own adaptive limit with ``settings``; the limits it has already, if any.
+
+        Once on, the limits stay: what they learned is each server's capacity, which the next run needs too.
+        """
+        if self.limits is None:
+            self.limits = ReplicaLimits(settings, self.replicas, self.name, self._wake)
+        return self.limits
+
+    @classmethod
+    def check_options(cls, routing: str = "least_loaded", **options: Any) -> None:
+        """Check router options without building a router (a backend refuses bad ones before starting).
+
+        Args:
+            routing: ``"least_loaded"`` or ``"affinity"``.
+            **options: Any of ``cooldown``, ``max_cooldown``, ``wait``, ``probe_timeout``, ``affinity_chars``,
+                ``affinity_slack``, ``seed``, ``replica_concurrency``.
+
+        Raises:
+            InvalidRequestError: An unknown routing or option, or a value out of range.
+        """
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise InvalidRequestError(f"unknown router option(s) {unknown}; known: {', '.join(OPTIONS)}")
+        check(routing, *(options.get(name, default) for name, default in DEFAULTS.items()))
+
+    # -- routing -------------------------------------------------------------------------------------
+
+    def healthy(self) -> list[Replica]:
+        """The replicas that take attempts now."""
+        return [r for r in self.replicas if r.state == HEALTHY]
+
+    def choose(self, request: Request, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """The replica the next attempt of ``request`` goes to; ``None`` when none is healthy (with room)."""
+        candidates = [r for r in self.replicas if r.state == HEALTHY and r not in exclude]
+        if self.limits is not None:
+            candidates = [r for r in candidates if self.limits.has_room(r)]
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        if self.routing == "affinity":
+            key = affinity_key(request, self.affinity_chars)
+            if key is not None:
+                return affine(key, candidates, self.affinity_slack, self._rng)
+        return least_loaded(candidates, self._rng)
+
+    # -- one attempt ---------------------------------------------------------------------------------
+
+    async def call(self, method: str, request: Request) -> Result:
+        """Send one attempt of ``request`` through ``replica.<method>(request)`` on the chosen replica.
+
+        Args:
+            method: ``"generate"``, ``"loglikelihood"`` or ``"loglikelihood_rolling"``.
+            request: The request.
+
+        Raises:
+            BackendUnavailableError: No replica became healthy within ``wait`` seconds.
+            BackendError: The replica's own error; a replica fault is retryable while another replica is
+                healthy, so the retry goes there.
+        """
+        tried: list[Replica] = []
+        while True:
+            replica = self.choose(request, tried)
+            if replica is None:
+                replica = await self._wait_for_replica(request, tried)
+            tried.append(replica)
+            note_replica(replica.label)  # the run's observers say which replica served the attempt
+            limits = self.limits
+            ticket = limits.take(replica) if limits is not None else None
+            outcome: BaseException | None = None  # what the replica's own limit learns from
+            replica.in_flight += 1
+            replica.requests += 1
+            epoch = replica._epoch
+            try:
+                result: Result = await getattr(replica.backend, method)(request)
+            except asyncio.CancelledError as exc:
+                outcome = exc
+                if attempt_timed_out():
+                    # gather's per-attempt timeout: a replica that accepts requests and never answers is at
+                    # fault, else it looks idle once the cancel drops its in-flight count and gets the retry.
+                    replica.failures += 1
+                    outcome = BackendTimeoutError("an attempt timed out on it")
+                    self.fault(replica, outcome)
+                raise
+            except Exception as exc:
+                outcome = exc
+                replica.failures += 1
+                if not is_replica_fault(exc):
+                    raise
+                if limits is not None and isinstance(exc, RateLimitedError):
+                    # Its own limit takes the refusal (cut, Retry-After paused) instead of a cool-down.
+                    if self.choose(request, tried) is not None:
+                        continue  # refused at its limit: another replica with room, same attempt
+                    raise
+                self.fault(replica, exc)
+                if sent_nothing(exc) and any(r.state == HEALTHY for r in self.replicas if r not in tried):
+                    continue  # refused before anything was sent: the next replica, same attempt
+                others = any(r.state not in (REFUSED, DRAINING) for r in self.replicas if r is not replica)
+                error = for_retry(replica, exc, others)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                replica.in_flight -= 1
+                if ticket is not None and limits is not None:
+                    limits.give(replica, ticket, outcome)
+                self.attempt_ended(replica)
+            replica.successes += 1
+            if replica._epoch == epoch and replica.state == HEALTHY:
+                replica._streak = 0
+            return result
+
+    async def _wait_for_replica(self, request: Request, tried: list[Replica]) -> Replica:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait
+        while True:
+            replica = self.choose(request, tried) or (self.choose(request) if tried else None)
+            if replica is not None:
+                return replica
+            if self._closed:
+                raise BackendClosedError(
+                    "the router was closed while this attempt waited for a healthy replica",
+                    request_id=request.request_id,
+                )
+            if all(r.state == REFUSED for r in self.replicas):
+                raise InvalidRequestError(
+                    "every replica was refused: "
+                    + "; ".join(f"{r.label}: {r.last_error}" for r in self.replicas)
+                )
+            room_wait = self.limits.room_wait() if self.limits is not None else None
+            if room_wait is not None:
+                # Healthy replicas, each at its own limit: wait for the first free slot (or the end of a
+                # Retry-After pause), untimed like any wait for a slot, then look again.
+                async with waiting_for_slot():
+                    await self._changed(None if room_wait == float("inf") else room_wait)
+                deadline = loop.time() + self.wait
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                errors = "; ".join(f"{r.label}: {r.last_error or r.state}" for r in self.replicas)
+                raise BackendUnavailableError(
+                    f"no healthy replica among {len(self.replicas)} after waiting {self.wait:g} s ({errors})",
+                    request_id=request.request_id,
+                )
+            await self._changed(left)

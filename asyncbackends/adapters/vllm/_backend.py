@@ -1,0 +1,468 @@
+"""`VLLMBackend` (name ``vllm``): an in-process vLLM ``AsyncLLM`` engine.
+
+The engine lives on the shared loop: `create` (through `create_backend`) builds it in a thread of its own and
+starts its loop-bound tasks on the shared loop (`_engine_lifecycle`), and every request runs there, because
+``AsyncLLM`` binds its output handler to the loop that first used it. Each call sends exactly one engine
+request (a rolling loglikelihood sends one per window) with ``RequestOutputKind.FINAL_ONLY`` and waits for its
+final output; a cancelled or failed call aborts its engine request instead of leaving it running. Requests
+and results are translated in `_requests`; this module holds the engine's lifetime and the request path.
+
+Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
+several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
+plain async evaluation run at a quarter of offline speed. This adapter builds the engine with
+``UsageContext.LLM_CLASS`` and, like ``LLM``, with stats logging off, unless the options say otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from ..._loop import get_loop_manager
+from ..._protocol import BaseBackend
+from ..._registry import check_options
+from ..._tasks import all_or_nothing
+from ..._types import (
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    RollingLoglikelihoodRequest,
+)
+from ...errors import (
+    BackendBrokenError,
+    BackendClosedError,
+    BackendError,
+    InvalidRequestError,
+    RateLimitedError,
+    RequestRejectedError,
+)
+from .._checkpoint import checkpoint_fields
+from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
+from ._checks import check_before_import, engine_defaults, import_vllm
+from ._engine_plan import VLLMEnginesBackend, check_engines, create_engines
+from ._text_encoder import TextEncoder
+
+if TYPE_CHECKING:
+    # Bound at run time by `import_vllm` on the first `create`: importing vLLM takes 10 s or more, and what
+    # can be checked without it (option names, a model path) is checked first.
+    import vllm
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.outputs import RequestOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    from ._chat import ChatPath, check_tool_parser
+    from ._compat import GracefulHTTPError, VLLMClientError, VLLMError
+    from ._engine_lifecycle import start_engine, stop_engine
+    from ._reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
+    from ._requests import completions, engine_capabilities, engine_input, scoring_params, vllm_sampling
+    from ._requests import prompt_ids as translate_prompt
+
+__all__ = ["VLLMBackend"]
+
+
+class VLLMBackend(BaseBackend):
+    """An in-process vLLM engine. Build it with ``create_backend("vllm", model=..., **engine_args)``.
+
+    Args:
+        engine: A running ``AsyncLLM``, built on the shared loop.
+        model: The model path or hub id it serves.
+        engine_args: The options it was built with (for the fingerprint).
+        max_concurrency: The concurrency hint for `gather`; ``None`` picks one from the scheduler limits.
+        tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
+            ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
+        allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
+        reasoning_parser: vLLM's name of the reasoning parser (``deepseek_r1``, ``qwen3``, ...; the engine was
+            built with it): completions come back split into ``reasoning`` and the answer, as ``vllm serve
+            --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        *,
+        model: str,
+        engine_args: Mapping[str, Any] | None = None,
+        max_concurrency: int | None = None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
+    ) -> None:
+        self._engine: AsyncLLM | None = engine
+        self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
+        self._reasoning = ReasoningPath(engine, reasoning_parser) if reasoning_parser else None
+        multimodal = bool(engine.model_config.is_multimodal_model)
+        self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
+        self._closing: asyncio.Future[None] | None = None
+        self.model = model
+        self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
+        # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
+        self._engine_args = {k: v for k, v in (engine_args or {}).items() if k in _FINGERPRINT_OPTIONS}
+        if reasoning_parser:  # it changes what text holds
+            self._engine_args["reasoning_parser"] = reasoning_parser
+        self._checkpoint = checkpoint_fields(model, engine_args or {})  # retrained in place: other keys
+        self.max_model_len: int = engine.model_config.max_model_len
+        self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
+        tokenizer = engine.get_tokenizer()
+        self.tokenizer: Any = tokenizer
+        bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+        probe = tokenizer.encode("a", add_special_tokens=True)
+        # Scoring mirrors generation: the special tokens the tokenizer puts in front of a text (Llama's BOS)
+        # are in front of a scored context too. Detected once, instead of trusting add_special_tokens to
+        # add nothing at the end (some tokenizers append EOS, which would break the tail split).
+        self._prefix: tuple[int, ...] = (bos,) if bos is not None and probe[:1] == [bos] else ()
+        stand_in = bos if bos is not None else eos
+        if stand_in is None:
+            raise InvalidRequestError(f"model {model!r}: its tokenizer has neither a BOS nor an EOS token")
+        self._stand_in: int = stand_in
+        # Scoring's texts are encoded in a worker thread, many requests' at once: on the loop thread that
+        # encoding bounded scoring however many engines there were (docs/benchmarks.md). It makes its
+        # futures and worker on the loop that runs the requests (the shared loop).
+        self._encoder = TextEncoder(self._encode_texts)
+        # The engine refuses a prompt that leaves no room for one generated token.
+        self._max_prompt_tokens = self.max_model_len - 1
+        # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
+        # that each step finds a full batch (see docs/benchmarks.md for the measurement).
+        hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
+        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint, engine=engine)
+
+    @classmethod
+    async def create(
+        cls,
+        model: str,
+        *,
+        engines: int | str = 1,
+        routing: str | None = None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
+        **engine_args: Any,
+    ) -> VLLMBackend | VLLMEnginesBackend:
+        """Build an ``AsyncLLM`` for the shared loop and wrap it (several, with ``engines``).
+
+        The engine starts in a thread of its own, so other backends' requests on the shared loop go on while
+        it loads; cancelling the call shuts the engine down as soon as it has started.
+
+        Args:
+            model: A model directory or hub id.
+            tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
+            allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
+            reasoning_parser: vLLM's reasoning parser: split thinking from the answer (see `VLLMBackend`).
+            **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
+                ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
+                ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
+                ``disable_log_stats`` defaults to true, as with ``LLM``; on a CPU the KV cache gets 1 GiB
+                unless ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE``
+                say otherwise.
+            engines: ``N`` engines of the model behind one backend (`VLLMEnginesBackend`: replicas
+                ``engine-0``...), the memory settings being their total; ``"auto"`` picks the count
+                (see docs/adapters/vllm.md); 1 (the default) builds this plain backend.
+            routing: With several engines, the pool's routing: ``"least_loaded"`` (default) or ``"affinity"``.
+
+        Raises:
+            BackendNotFoundError: vLLM is not installed (with the pip command).
+            InvalidRequestError: An option that is not an ``AsyncEngineArgs`` field (close matches named), a
+                local model path that does not exist (both found before vLLM is imported), or an option the
+                engine refuses.
+            BackendBrokenError: The engine failed to start.
+        """
+        chat: dict[str, Any] = dict(
+            tool_parser=tool_parser,
+            allow_remote_images=allow_remote_images,
+            reasoning_parser=reasoning_parser,
+        )
+        count = check_engines(engines, routing, engine_args)
+        if count != 1:
+            check_before_import(cls.name, model, engine_args)
+            await asyncio.to_thread(import_vllm, globals())
+            several: VLLMBackend | VLLMEnginesBackend = await create_engines(
+                cls, model, count, routing, engine_args, chat
+            )
+            return several
+        return await cls._build(model, engine_args, env=None, **chat)
+
+    @classmethod
+    async def _build(
+        cls,
+        model: str,
+        engine_args: dict[str, Any],
+        *,
+        env: Mapping[str, str | None] | None,
+        start_group: object | None = None,
+        tool_parser: str | None = None,
+        allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
+    ) -> VLLMBackend:
+        """One engine; ``env`` overrides the environment its processes start with.
+
+        The starts given one ``start_group`` overlap (`start_engine`); others take their turn.
+        """
+        check_before_import(cls.name, model, engine_args)  # fast: names and paths, before vLLM loads
+        await asyncio.to_thread(import_vllm, globals())  # not on the shared loop: it serves on meanwhile
+        engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+        check_options(cls.name, engine_args, engine_fields - {"model"})
+        check_tool_parser(tool_parser, backend=cls.name)
+        check_reasoning_parser(reasoning_parser, backend=cls.name)
+        options = {**engine_defaults(engine_args), **engine_args}
+        if reasoning_parser:  # the engine's too, as `vllm serve`'s: its thinking budget reads it
+            options["reasoning_parser"] = reasoning_parser
+        try:
+            args = AsyncEngineArgs(model=model, **options)
+        except (TypeError, ValueError, VLLMError) as exc:
+            raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
+        try:
+            engine = await start_engine(args, env, start_group)  # in a thread: the shared loop serves on
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
+        except Exception as exc:
+            raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
+        try:
+            return cls(
+                engine,
+                model=model,
+                engine_args=engine_args,
+                tool_parser=tool_parser,
+                allow_remote_images=allow_remote_images,
+                reasoning_parser=reasoning_parser,
+            )
+        except BaseException:
+            await stop_engine(engine)  # a started engine owns processes: never leak them
+            raise
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """The model (a local checkpoint by its files too), and the engine options that change outputs."""
+        fingerprint: dict[str, Any] = {
+            "name": self.name,
+            "model": self.model,
+            "dtype": self._dtype,
+            "max_model_len": self.max_model_len,
+            "vllm": vllm.__version__,
+        }
+        for option in _FINGERPRINT_OPTIONS:
+            if option in self._engine_args:
+                fingerprint[option] = self._engine_args[option]
+        return {**fingerprint, **self._checkpoint}
+
+    @property
+    def engine(self) -> AsyncLLM:
+        """The ``AsyncLLM`` itself, for what this adapter does not cover; use it on the shared loop only.
+
+        Raises:
+            BackendClosedError: After `aclose`.
+        """
+        self._check_open()
+        assert self._engine is not None
+        return self._engine
+
+    async def check_ready(self) -> None:
+        """The engine's liveness (``AsyncLLM.check_health``), for a pool's readiness probe.
+
+        Raises:
+            BackendClosedError: After `aclose`.
+            BackendBrokenError: The engine died.
+        """
+        engine = self.engine
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            raise self._dead(exc, None) from exc
+
+    # -- the engine boundary ---------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        prompt: list[int] | Any,
+        params: VLLMSamplingParams,
+        request_id: str | None,
+        watch: Callable[[RequestOutput], bool] | None = None,
+    ) -> RequestOutput:
+        """Send one engine request, wait for its final output, and translate engine errors to ours.
+
+        ``watch`` sees each output (of a streaming output kind); once it says True, the request is aborted.
+        """
+        engine = self.engine  # raises BackendClosedError after aclose
+        output: Any = None
+        collector: RequestOutputCollector | None = None
+        try:
+            prompt = engine_input(engine, prompt) if isinstance(prompt, list) else prompt  # else rendered
+            # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
+            # wrapper, its awaitable and the loop's weak reference to it were six more objects per request
+            # in flight, all promoted to the collector's oldest generation (docs/benchmarks.md).
+            collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
+            while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
+                output = collector.get_nowait() or await collector.get()
+                if watch is not None and watch(output):
+                    await self._abort(engine, collector.request_id)
+                    break
+        except EngineDeadError as exc:
+            raise self._dead(exc, request_id) from exc
+        except BaseException as exc:
+            if collector is not None:
+                # Cancelled or failed mid-way: the engine must not go on serving the request.
+                await self._abort(engine, collector.request_id)
+            if isinstance(exc, Exception):
+                raise self._translate(exc, request_id) from exc
+            raise
+        finally:
+            if collector is not None:
+                collector.close()  # type: ignore[no-untyped-call]
+        if self._closed:
+            # aclose() aborted the engine's requests: what the engine hands back is an aborted fragment, not
+            # a result (closed is closed).
+            raise self._dead(RuntimeError("closed"), request_id)
+        final: RequestOutput = output
+        return final
+
+    def _translate(self, exc: Exception, request_id: str | None) -> BackendError:
+        if isinstance(exc, GracefulHTTPError):  # the engine's queue limits (max_num_queued_reqs): slow down
+            return RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+        if isinstance(exc, VLLMClientError):  # validation: prompt too long, token id out of vocabulary...
+            return RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+        if self._closed or (self._engine is not None and self._engine.errored):
+            return self._dead(exc, request_id)
+        return BackendError(
+            f"vllm: {type(exc).__name__}: {exc}", backend=self.name, request_id=request_id, retryable=False
+        )
+
+    @staticmethod
+    async def _abort(engine: AsyncLLM, internal_id: str) -> None:
+        with contextlib.suppress(Exception):  # a failed abort (engine died) must not hide why we ended
+            await engine.abort(internal_id, internal=True)
+
+    def _dead(self, exc: BaseException, request_id: str | None) -> BackendError:
+        if self._closed:
+            return BackendClosedError("vllm backend was closed", backend=self.name, request_id=request_id)
+        return BackendBrokenError(
+            f"the vllm engine died ({type(exc).__name__}); build a new backend",
+            backend=self.name,
+            request_id=request_id,
+        )
+
+    # -- generation --------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
+        self._check_open(request.request_id)
+        params = request.params
+        refuse_unsupported(
+            params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
+        )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
+        chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
+        prompt: Any = (
+            await self._chat.render(request)
+            if chat
+            else translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
+        )
+        if params.max_tokens == 0:
+            # vLLM refuses max_tokens=0; the answer is known without asking it.
+            empty = Completion("", (), () if params.logprobs else None, "length")
+            length = len(prompt["prompt_token_ids"] if chat else prompt)
+            return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
+        sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
+        if self._reasoning is None:
+            output = await self._run(prompt, sampling, request.request_id)
+            got = completions(output, logprobs=params.logprobs)
+        else:  # the thinking apart from the answer, stop strings ending the answer only
+            run = functools.partial(self._run, request_id=request.request_id)
+            got, output = await self._reasoning.generate(run, prompt, sampling, logprobs=params.logprobs)
+        got = self._chat.tool_calls(request, got)  # from the answer alone, as the server reads them
+        if len(got) != params.n:
+            raise BackendError(
+                f"vllm returned {len(got)} completions for n={params.n}",
+                backend=self.name,
+                request_id=request.request_id,
+                retryable=False,
+            )
+        return GenerationResult(
+            request.request_id, got, prompt_tokens=len(output.prompt_token_ids or ()), model=self.model
+        )
+
+    # -- scoring -------------------------------------------------------------------------------------
+
+    async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
+        """The (logprob, is it the top-1 token) of each of the plan's scored tokens."""
+        output = await self._run(list(plan.token_ids), scoring_params(), request_id)
+        rows = output.prompt_logprobs
+        if rows is None or len(rows) != len(plan.token_ids):
+            raise BackendError("vllm returned no prompt logprobs", backend=self.name, request_id=request_id)
+        scored = tail_logprobs(rows, plan)
+        if scored is None:
+            raise BackendError("vllm omitted a prompt logprob", backend=self.name, request_id=request_id)
+        return scored
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        # The tokenizer's batch call, not encode() text by text: a fast tokenizer encodes the batch in Rust
+        # across the cores with the GIL released, and its ids are encode()'s (tested).
+        ids: list[list[int]] = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return ids
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score the continuation's tokens given the context's (see `AsyncBackend.loglikelihood`).
+
+        A context too long for the model is truncated from the left; a continuation that alone does not
+        fit is refused with `RequestRejectedError`.
+        """
+        self._check_open(request.request_id)
+        plan = await aplan_loglikelihood(
+            request.context,
+            request.continuation,
+            encode=self._encoder.encode,
+            prefix=self._prefix,
+            empty_context_token=self._stand_in,
+            max_prompt_tokens=self._max_prompt_tokens,
+        )
+        if plan is None:
+            raise RequestRejectedError(
+                f"continuation does not fit in max_model_len={self.max_model_len}",
+                backend=self.name,
+                request_id=request.request_id,
+            )
+        return scored_result(request.request_id, await self._score(plan, request.request_id))
+
+    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
+        """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
+        self._check_open(request.request_id)
+        [ids] = await self._encoder.encode([request.text], keep=False)  # a whole document: not worth keeping
+        plans = plan_rolling(ids, prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens)
+        windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
+        return scored_result(request.request_id, [item for window in windows for item in window])
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop the engine and its processes; other calls, concurrent or later, wait until that has ended.
+
+        Runs on the shared loop whichever loop awaits it (the engine's sockets and tasks live there), and the
+        blocking part (joining processes) runs in a thread, so other backends on that loop go on meanwhile.
+        """
+        await get_loop_manager().arun(self._close_once())
+
+    async def _close_once(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(super().aclose())
+        # Shielded: a caller that gives up waiting does not cut the clean-up short for the others.
+        await asyncio.shield(self._closing)
+
+    async def _aclose(self) -> None:
+        # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await stop_engine(engine)
+            # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
+            # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
+            del engine

@@ -1,0 +1,192 @@
+"""How the ``vllm`` adapter translates requests and results to and from vLLM's own types.
+
+Our requests become prompt token ids (encoded here, not by vLLM) and a vLLM ``SamplingParams`` asking for
+``FINAL_ONLY`` output; vLLM's ``RequestOutput`` becomes our completions; the adapter's `capabilities` claim
+what is translated here. Imported by `import_vllm` once vLLM is, like `_engine_lifecycle`: the adapter's own
+module imports no vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams
+from ...errors import InvalidRequestError, RequestRejectedError
+from .._scoring import logprob_of
+from ._compat import VLLMError
+
+with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and torch, as in vllm.py
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm import TokensPrompt
+    from vllm.outputs import RequestOutput
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = [
+    "completions",
+    "engine_capabilities",
+    "engine_input",
+    "prompt_ids",
+    "scoring_params",
+    "vllm_sampling",
+]
+
+
+def engine_capabilities(*, images: bool, max_concurrency: int, engine: Any = None) -> Capabilities:
+    """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
+
+    Args:
+        images: Whether vLLM loads the model as multimodal.
+        max_concurrency: The concurrency hint for `gather`.
+        engine: The ``AsyncLLM``: built with a reasoning parser, it splits thinking from the answer and, where
+            this vLLM has ``thinking_token_budget`` (0.12 and later), enforces a thinking budget.
+    """
+    reasoning = engine is not None and bool(engine.vllm_config.structured_outputs_config.reasoning_parser)
+    config = getattr(engine.vllm_config, "reasoning_config", None) if reasoning else None
+    return Capabilities(
+        reasoning=reasoning,
+        thinking_budget=config is not None
+        and "thinking_token_budget" in VLLMSamplingParams.__struct_fields__,
+        loglikelihood=True,
+        rolling_loglikelihood=True,
+        is_greedy=True,
+        n_samples=True,
+        seed=True,
+        chat=True,
+        images=images,
+        tools=True,
+        token_ids=True,
+        logprobs=True,
+        stop=True,
+        max_concurrency=max_concurrency,
+        repetition_penalty=True,
+        presence_penalty=True,
+        frequency_penalty=True,
+        min_p=True,
+        min_tokens=True,
+        json_schema=True,
+        regex=True,
+    )
+
+
+def vllm_sampling(params: SamplingParams) -> VLLMSamplingParams:
+    """Our sampling parameters as vLLM's, asking for the final output only; equal ones share one object.
+
+    Sharing is safe: vLLM copies a request's parameters before it changes them (its offline ``generate``
+    hands one object to every prompt). It saves five objects per request that would otherwise live as long
+    as the request and be promoted to the collector's oldest generation (see docs/benchmarks.md).
+
+    Raises:
+        InvalidRequestError: vLLM refuses them.
+    """
+    if params.json_schema is not None:  # a dict: the caller may change it in place, so never reuse
+        return _converted(params)
+    return _shared(params)
+
+
+def _converted(params: SamplingParams) -> VLLMSamplingParams:
+    # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
+    # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace
+    # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
+    optional = params.optional_params()
+    schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
+    if "thinking_budget" in optional:  # claimed only where the engine enforces it (engine_capabilities)
+        optional["thinking_token_budget"] = optional.pop("thinking_budget")
+    try:
+        if schema is not None or regex is not None:
+            optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)
+        return VLLMSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k or 0,
+            stop=list(params.stop) or None,
+            max_tokens=params.max_tokens,
+            seed=params.seed,
+            logprobs=0 if params.logprobs else None,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            **optional,
+        )
+    except (ValueError, VLLMError) as exc:
+        raise InvalidRequestError(f"vllm refused the sampling parameters: {exc}") from exc
+
+
+_shared = functools.lru_cache(maxsize=64)(_converted)
+
+
+# vLLM turns every prompt position's logprobs into a dict of Logprob objects on the loop that serves the
+# requests, which was the largest cost of scoring (1.1 of 3.2 s for lm-eval's 1,200 multiple-choice
+# requests on the CPU); FlatLogprobs keeps them in flat lists instead. Older vLLM has no such field.
+_FLAT_LOGPROBS: dict[str, Any] = (
+    {"flat_logprobs": True} if "flat_logprobs" in VLLMSamplingParams.__struct_fields__ else {}
+)
+
+
+@functools.cache
+def scoring_params() -> VLLMSamplingParams:
+    """One generated token and the logprob of every prompt token: how a prompt is scored (shared)."""
+    return VLLMSamplingParams(
+        max_tokens=1,
+        prompt_logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        **_FLAT_LOGPROBS,
+    )
+
+
+def prompt_ids(tokenizer: Any, request: GenerationRequest, *, model: str, backend: str) -> list[int]:
+    """The request's prompt as token ids: text encoded, token ids as given, chat through the template.
+
+    Raises:
+        RequestRejectedError: The model has no chat template, or its template refuses the messages.
+    """
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        # Encoded here rather than by vLLM: passing raw strings to AsyncLLM is deprecated in vLLM.
+        ids: list[int] = tokenizer.encode(prompt, add_special_tokens=True)
+        return ids
+    if request.prompt_kind == "tokens":
+        return list(prompt)  # type: ignore[arg-type]
+    try:
+        text = tokenizer.apply_chat_template(
+            [dict(m) for m in prompt],  # type: ignore[arg-type]  # prompt_kind == "chat"
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    except Exception as exc:  # no chat template, or the template refuses these messages
+        raise RequestRejectedError(
+            f"vllm: cannot apply the chat template of {model!r}: {exc}",
+            backend=backend,
+            request_id=request.request_id,
+        ) from exc
+    # The template writes its own special tokens (BOS); encoding must not add a second one.
+    chat_ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    return chat_ids
+
+
+def engine_input(engine: AsyncLLM, ids: list[int]) -> Any:
+    """What ``AsyncLLM.generate`` is given for a prompt of token ids."""
+    tokens = TokensPrompt(prompt_token_ids=ids)
+    render = getattr(getattr(engine, "renderer", None), "render_cmpl", None)
+    if render is None:  # older vLLM: AsyncLLM takes the prompt itself
+        return tokens
+    # A rendered engine input is processed inline on this loop; a plain TokensPrompt would be sent to
+    # vLLM's one-thread executor and back for every request (measured: see docs/benchmarks.md).
+    return render([tokens])[0]
+
+
+def completions(output: RequestOutput, *, logprobs: bool) -> tuple[Completion, ...]:
+    """The completions of one vLLM request output, in index order, with the sampled tokens' logprobs."""
+    result = []
+    for out in sorted(output.outputs, key=lambda c: c.index):
+        token_ids = tuple(out.token_ids)
+        steps = None
+        if logprobs and out.logprobs is not None:
+            steps = tuple(
+                logprob_of(step, token) for step, token in zip(out.logprobs, token_ids, strict=True)
+            )
+        result.append(Completion(out.text, token_ids, steps, out.finish_reason))
+    return tuple(result)

@@ -1,0 +1,54 @@
+"""``python -m asyncbackends.testing.fake_tgi``: serve a `FakeTGIServer` until killed (for benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from typing import Any
+
+from ..fake_tgi import FakeTGIServer, Limits
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_tgi --latency 0.02``."""
+    parser = argparse.ArgumentParser(description="A TGI look-alike server for tests and benchmarks.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--max-concurrent-requests", type=int, default=128)
+    parser.add_argument("--rate-429", type=float, default=0.0)
+    parser.add_argument("--rate-503", type=float, default=0.0)
+    parser.add_argument("--model-id", default=None, help="the model id /info reports")
+    parser.add_argument("--concurrency", type=int, default=None, help="served at once; the rest queue")
+    parser.add_argument("--check-schema", action="store_true", help="validate exchanges (slow)")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        server = FakeTGIServer(
+            limits=Limits(max_concurrent_requests=args.max_concurrent_requests),
+            latency=args.latency,
+            jitter=args.jitter,
+            rate_429=args.rate_429,
+            rate_503=args.rate_503,
+            check_schema=args.check_schema,
+            record=False,
+            model_id=args.model_id,
+            concurrency=args.concurrency,
+            host=args.host,
+            port=args.port,
+        )
+        async with server:
+            print(f"listening on {server.url}", flush=True)
+            await asyncio.Event().wait()
+
+    runner: Any = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(serve())
