@@ -120,3 +120,20 @@ def test_a_thought_that_never_closes_ignores_stop_strings(pair: Pair) -> None:
     assert free.reasoning_truncated and free.reasoning
     stopped = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS, stop=[free.reasoning[2:4], "\n\n"])
     assert stopped == free
+
+
+def test_parallel_samples_with_stops_are_the_samples_without_them_cut_in_the_answer(pair: Pair) -> None:
+    # n=2 with stops runs one engine request per sample with the seeds vLLM gives its parallel samples.
+    params = {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 7, "n": 2, "thinking_budget": 2}
+    run = ab.get_loop_manager().run
+    free = run(
+        pair.backend.generate(ab.GenerationRequest(_messages(RUNS_ON[0]), ab.SamplingParams(**params)))
+    )
+    assert all(c.text for c in free.completions), free
+    stops = [_piece(c.text) for c in free.completions]
+    request = ab.GenerationRequest(_messages(RUNS_ON[0]), ab.SamplingParams(stop=stops, **params))
+    stopped = run(pair.backend.generate(request))
+    for cut, whole in zip(stopped.completions, free.completions, strict=True):
+        assert (cut.reasoning, cut.reasoning_tokens) == (whole.reasoning, whole.reasoning_tokens)
+        assert cut.text == whole.text[: min(i for i in map(whole.text.find, stops) if i >= 0)]
+        assert cut.finish_reason == "stop" and cut.token_ids == whole.token_ids[: len(cut.token_ids)]

@@ -137,7 +137,9 @@ class VLLMBackend(BaseBackend):
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
-        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint, engine=engine)
+        self.capabilities = engine_capabilities(
+            images=multimodal, max_concurrency=hint, reasoning=bool(reasoning_parser), engine=engine
+        )
 
     @classmethod
     async def create(

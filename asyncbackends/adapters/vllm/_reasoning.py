@@ -42,8 +42,8 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
 __all__ = ["REFUSALS", "ReasoningPath", "ThoughtStops", "check_reasoning_parser"]
 
 REFUSALS = {
-    "thinking_budget": "vLLM enforces it (thinking_token_budget, vLLM 0.12 and later) only on an engine "
-    "built with a reasoning parser: create the backend with reasoning_parser=NAME",
+    "thinking_budget": "vLLM enforces it (its thinking_token_budget, in vLLM 0.26 and 0.32) only on an "
+    "engine built with a reasoning parser: create the backend with reasoning_parser=NAME",
     "reasoning_effort": "an in-process engine has no effort setting (`vllm serve` hands it to chat templates "
     "that read one: use the openai adapter there)",
 }

@@ -35,17 +35,19 @@ __all__ = [
 ]
 
 
-def engine_capabilities(*, images: bool, max_concurrency: int, engine: Any = None) -> Capabilities:
+def engine_capabilities(
+    *, images: bool, max_concurrency: int, reasoning: bool = False, engine: Any = None
+) -> Capabilities:
     """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
 
     Args:
         images: Whether vLLM loads the model as multimodal.
         max_concurrency: The concurrency hint for `gather`.
-        engine: The ``AsyncLLM``: built with a reasoning parser, it splits thinking from the answer and, where
-            this vLLM has ``thinking_token_budget`` (0.12 and later), enforces a thinking budget.
+        reasoning: Whether the engine was built with a reasoning parser (the adapter splits its outputs).
+        engine: The ``AsyncLLM``: with a reasoning parser, a thinking budget is claimed where this vLLM has
+            ``thinking_token_budget`` and the engine its ``reasoning_config``.
     """
-    reasoning = engine is not None and bool(engine.vllm_config.structured_outputs_config.reasoning_parser)
-    config = getattr(engine.vllm_config, "reasoning_config", None) if reasoning else None
+    config = getattr(getattr(engine, "vllm_config", None), "reasoning_config", None) if reasoning else None
     return Capabilities(
         reasoning=reasoning,
         thinking_budget=config is not None
