@@ -82,11 +82,14 @@ def split_by_tags(completion: Completion, tags: tuple[str, str], stops: Sequence
     return dataclasses.replace(completion, text=answer, reasoning=reasoning, finish_reason=finish)
 
 
-def earliest_stop(text: str, stops: Sequence[str]) -> tuple[int, int] | None:
-    """(start, end) of the stop string that completes earliest in ``text`` (ties by order), or ``None``."""
+def earliest_stop(text: str, stops: Sequence[str], after: int = 0) -> tuple[int, int] | None:
+    """(start, end) of the stop string that completes earliest in ``text`` (ties by order), or ``None``.
+
+    Only stops that end past ``after`` characters count (vLLM's window for ``min_tokens``).
+    """
     best: tuple[int, int] | None = None
     for stop in stops:
-        index = text.find(stop)
+        index = text.find(stop, max(0, after - len(stop) + 1))
         if index != -1 and (best is None or index + len(stop) < best[1]):
             best = (index, index + len(stop))
     return best

@@ -224,6 +224,7 @@ class ThoughtStops:
         self._ids = list(prompt_ids)  # prompt + the tokens seen so far, for the parser's end check
         self._ended = self._reasoner is None or self._reasoner.is_reasoning_end(self._ids)
         self._seen = 0  # generated tokens looked at
+        self._floor: int | None = None  # where in the answer stops may end (past min_tokens' text)
         self.cut: _Cut | None = None
 
     def __call__(self, text: str, token_ids: Sequence[int]) -> bool:
@@ -236,20 +237,25 @@ class ThoughtStops:
         self._seen = len(token_ids)
         if not self._ended or len(token_ids) <= self._min_tokens:
             return False
-        found = earliest_stop(self._answer(text, token_ids), self._stops)
+        if self._floor is None:  # as vLLM: a stop counts only if it ends past the first min_tokens' text
+            self._floor = len(self._text_of(token_ids[: self._min_tokens])) if self._min_tokens else 0
+        found = earliest_stop(self._answer(text, token_ids), self._stops, self._floor)
         if found is None:
             return False
         start, end = found
         tokens = len(token_ids)
         if tokens - before > 1:  # several tokens at once: the first whose text completes the stop
-            decode = self._path._tokenizer.decode
             for count in range(max(before, self._min_tokens) + 1, tokens + 1):
-                prefix = decode(list(token_ids[:count]), skip_special_tokens=self._skip)
-                if len(self._answer(prefix, token_ids[:count])) >= end:
+                if len(self._text_of(token_ids[:count])) >= end:
                     tokens = count
                     break
         self.cut = _Cut(self._answer(text, token_ids)[:start], tokens)
         return True
+
+    def _text_of(self, token_ids: Sequence[int]) -> str:
+        """The answer of the first generated tokens, decoded here (for outputs that added several at once)."""
+        text = self._path._tokenizer.decode(list(token_ids), skip_special_tokens=self._skip)
+        return self._answer(text, token_ids)
 
     def _answer(self, text: str, token_ids: Sequence[int]) -> str:
         # A fresh parser each time: parse() may keep state between calls.
