@@ -146,22 +146,26 @@ class ReasoningPath:
         if sampling.seed is not None and sampling.n > 1:
             params.seed = sampling.seed + index
         prompt_ids = prompt if isinstance(prompt, list) else prompt["prompt_token_ids"]
-        watcher = ThoughtStops(
-            self,
-            prompt_ids,
-            list(sampling.stop),
-            min_tokens=sampling.min_tokens,
-            skip_special_tokens=sampling.skip_special_tokens,
-        )
+        watchers: dict[str, ThoughtStops] = {}  # one per engine request: a restarted engine is sent it again
 
         def watch(output: Any) -> bool:
+            watcher = watchers.get(output.request_id)
+            if watcher is None:
+                watchers.clear()
+                watcher = watchers[output.request_id] = ThoughtStops(
+                    self,
+                    prompt_ids,
+                    list(sampling.stop),
+                    min_tokens=sampling.min_tokens,
+                    skip_special_tokens=sampling.skip_special_tokens,
+                )
             out = output.outputs[0]
             return watcher(out.text, out.token_ids)
 
         output = await run(prompt if isinstance(prompt, list) else dict(prompt), params, watch=watch)
+        cut = watchers[output.request_id].cut if output.request_id in watchers else None
         [completion] = completions(output, logprobs=logprobs)
         ids = output.prompt_token_ids or prompt_ids
-        cut = watcher.cut
         if cut is None:
             return self.split(completion, ids), output
         kept = dataclasses.replace(
