@@ -1,4 +1,7 @@
-"""End to end on the real engine: lm-eval and lighteval score the tiny reasoning model's answer alone.
+"""End to end on the real engine: inspect, lm-eval and lighteval score the tiny reasoning model's answer alone.
+
+inspect runs on the backend with vLLM's ``deepseek_r1`` reasoning parser: its log must hold the thought as
+`ContentReasoning` and its score read the answer alone.
 
 The session's plain `vllm` backend on the tiny reasoning model (no reasoning parser) returns the thought and
 its ``</think>`` in the text; its chat template opens the thought, so some greedy thoughts close within the
@@ -99,3 +102,57 @@ def test_lighteval_reasoning_tags_score_the_answer_and_unclosed_thoughts_as_empt
         answer = raw.partition("</think>")[2] if closed[-1] else ""
         assert response.final_text[0] == answer
     assert any(closed) and not all(closed), closed
+
+
+def test_inspect_log_holds_the_thought_and_the_score_reads_the_answer(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    pytest.importorskip("inspect_ai")
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.log import read_eval_log
+    from inspect_ai.model import ContentReasoning, GenerateConfig
+    from inspect_ai.scorer import exact
+    from inspect_ai.solver import generate
+
+    from asyncbackends.integrations.inspect_ai import inspect_model
+
+    engine = request.getfixturevalue("tiny_reasoning_parser_engine")
+    questions = ["What is two plus two?", "Name the capital of France.", "hello there", "Tell me a story."]
+    params = ab.SamplingParams(max_tokens=MAX_TOKENS)
+    direct = ab.run_batch(
+        engine, [ab.GenerationRequest([{"role": "user", "content": q}], params) for q in questions]
+    )
+    references = [r.completions[0] for r in direct]
+    # The target is what a scorer should read: the answer where the thought closed; the thought where it was
+    # cut off, which must then score wrong (the answer is empty, never the thought).
+    samples = [
+        Sample(input=q, target=c.reasoning if c.reasoning_truncated else c.text, id=i)
+        for i, (q, c) in enumerate(zip(questions, references, strict=True))
+    ]
+    model = inspect_model(engine, config=GenerateConfig(max_tokens=MAX_TOKENS))
+    logs = eval(
+        Task(dataset=samples, solver=[generate()], scorer=exact()),
+        model=model,
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+    )
+    assert logs[0].status == "success", logs[0].error
+    log = read_eval_log(logs[0].location)
+    assert log.samples is not None and len(log.samples) == len(questions)
+    for sample in log.samples:
+        reference = references[int(sample.id)]
+        content = sample.output.message.content
+        assert isinstance(content, list) and isinstance(content[0], ContentReasoning)
+        assert content[0].reasoning == reference.reasoning
+        assert sample.output.completion == reference.text
+        assert sample.output.usage is not None
+        assert sample.output.usage.reasoning_tokens == reference.reasoning_tokens > 0
+        assert sample.scores is not None
+        if reference.reasoning_truncated:
+            assert sample.output.completion == "" and sample.output.stop_reason == "max_tokens"
+            assert sample.scores["exact"].value == "I"
+        else:
+            assert sample.scores["exact"].value == "C"
+    truncated = [c.reasoning_truncated for c in references]
+    assert any(truncated) and not all(truncated), truncated
