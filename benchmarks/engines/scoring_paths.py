@@ -19,7 +19,8 @@ HellaSwag-shaped ones (a short context, four endings of several tokens), with ``
 Every way runs in every round, in an order that alternates round by round, after
 ``reset_prefix_cache()`` (no way finds another's prompts cached). Each way's values are compared with the
 reference's: the largest ``|diff|`` and how many choices' ``is_greedy`` (rank 1) and questions' argmax
-differ. Prints one JSON object (every round's seconds per way, the medians, the ratios to ``prompt``).
+differ. Prints one JSON object (every round's seconds per way, the medians, the ratios to ``prompt``), also
+written to ``--out``.
 
     python benchmarks/engines/scoring_paths.py                       # the tiny model on the CPU
     python benchmarks/engines/scoring_paths.py --model DIR --options \
@@ -40,6 +41,7 @@ import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 _TINY_OPTIONS: dict[str, Any] = {
@@ -206,13 +208,17 @@ def main() -> None:
     parser.add_argument("--endings", type=int, default=20, help="HellaSwag shape: tokens of each ending")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--out", help="also write the JSON here (vLLM logs to stdout too)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.model is None:
         from asyncbackends.testing.tiny_model import build_tiny_model
 
         args.model = str(build_tiny_model())
-    print(json.dumps(asyncio.run(_main(args)), indent=1))
+    report = json.dumps(asyncio.run(_main(args)), indent=1)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
 
 
 if __name__ == "__main__":

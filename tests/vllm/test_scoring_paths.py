@@ -65,12 +65,20 @@ def test_one_token_choices_of_a_question_are_one_engine_request(backend: Any, hf
 
 
 def test_a_lone_one_token_request_and_questions_interleaved(backend: Any, hf_tokenizer: Any) -> None:
-    contexts = ["The capital of France is", "Once upon a time, a fox", _SHARED + "Answer:"]
-    pairs = []
+    # Contexts no other test scores: a choice whose texts are all cached already resumes before the others
+    # and is scored in a group of its own (exact still, but this test counts groups).
+    contexts = ["The capital of France is", "Once upon a time, a fox", _SHARED + "Then the answer:"]
+    pairs, lone = [], []
     for context in contexts:
-        pairs += [(context, c) for c in _one_token(hf_tokenizer, context, [" a", " b", " c", " d", " t"], 3)]
-    (alone,) = ab.run_batch(backend, [ab.LoglikelihoodRequest(*pairs[0])])
-    _check(backend, hf_tokenizer, pairs[:1], [alone])
+        choices = _one_token(hf_tokenizer, context, [" a", " b", " c", " d", " t", " 1", " 2"], 4)
+        pairs += [(context, c) for c in choices[:3]]
+        lone.append((context, choices[3]))
+    # Alone (its context is cached now; the choices below still need their whole texts encoded, so they resume
+    # together).
+    before = backend._scoring.groups.sent
+    (alone,) = ab.run_batch(backend, [ab.LoglikelihoodRequest(*lone[0])])
+    assert backend._scoring.groups.sent - before == 1
+    _check(backend, hf_tokenizer, lone[:1], [alone])
     before = backend._scoring.groups.sent
     results = ab.run_batch(backend, [ab.LoglikelihoodRequest(c, x) for c, x in pairs])
     assert backend._scoring.groups.sent - before == len(contexts)
