@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval_speed import _build_model, _phrase, interval  # a sibling script, not a package
+from lm_eval_speed import _build_model, _phrase, _timed, interval  # a sibling script, not a package
 
 TASKS = ["score_mmlu", "score_hella"]
 ENGINE_OPTIONS: dict[str, Any] = {
@@ -141,12 +141,23 @@ def child(mode: str, folder: Path, model: str) -> dict[str, Any]:
     lm = _build_model(mode, model, folder / "shim", ENGINE_OPTIONS)
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, limit=4, log_samples=False)
-    report: dict[str, Any] = {"mode": mode, "seconds": {}, "load": {}, "acc": {}, "scores": {}}
+    report: dict[str, Any] = {
+        "mode": mode,
+        "seconds": {},
+        "in_model": {},
+        "load": {},
+        "acc": {},
+        "scores": {},
+    }
+    times: dict[str, float] = {}
+    _timed(lm, times)
     for task in TASKS:
         load = os.getloadavg()[0]
+        times.clear()
         start = time.perf_counter()
         results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
         report["seconds"][task] = time.perf_counter() - start
+        report["in_model"][task] = sum(times.values())
         report["load"][task] = [load, os.getloadavg()[0]]
         assert results is not None
         report["acc"][task] = results["results"][task]["acc,none"]
@@ -216,13 +227,17 @@ def main() -> None:
         for mode in order:
             result = _run_child(mode, work / "tasks", args.model, work / f"round{round_ + 1}-{mode}.json")
             runs[mode].append(result)
-            figures = ", ".join(f"{t} {result['seconds'][t]:.2f} s" for t in TASKS)
+            figures = ", ".join(
+                f"{t} {result['seconds'][t]:.2f} s ({result['in_model'][t]:.2f})" for t in TASKS
+            )
             print(f"round {round_ + 1} {mode}: {figures}", file=sys.stderr, flush=True)
     print(
         f"\n{args.mmlu} MMLU-shaped (5-shot) and {args.hella} HellaSwag-shaped documents x 4 choices, "
         f"{args.rounds} rounds, ABBA, fresh processes\n"
     )
-    print("| round | order | task | load 1 min (lm-eval / ours) | lm-eval s | ours s | lm-eval / ours |")
+    print(
+        "| round | order | task | load (lm-eval / ours) | lm-eval s (in model) | ours s (in model) | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for round_ in range(args.rounds):
         order = " ".join(modes if round_ % 2 == 0 else modes[::-1])
@@ -231,7 +246,8 @@ def main() -> None:
             loads = f"{theirs['load'][task][0]:.2f} / {ours['load'][task][0]:.2f}"
             print(
                 f"| {round_ + 1} | {order} | {task} | {loads} "
-                f"| {theirs['seconds'][task]:.2f} | {ours['seconds'][task]:.2f} "
+                f"| {theirs['seconds'][task]:.2f} ({theirs['in_model'][task]:.2f}) "
+                f"| {ours['seconds'][task]:.2f} ({ours['in_model'][task]:.2f}) "
                 f"| {theirs['seconds'][task] / ours['seconds'][task]:.2f} |"
             )
     print()
