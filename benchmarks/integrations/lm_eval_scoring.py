@@ -133,14 +133,14 @@ def build_tasks(folder: Path, mmlu: int, hella: int) -> None:
     (folder / "score_hella.yaml").write_text(_HELLA_YAML)
 
 
-def child(mode: str, folder: Path, model: str) -> dict[str, Any]:
+def child(mode: str, folder: Path, model: str, options: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
     """Build the model, warm it up, time each task's ``simple_evaluate``; figures and every choice's score."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    lm = _build_model(mode, model, folder / "shim", ENGINE_OPTIONS)
+    lm = _build_model(mode, model, folder / "shim", options)
     manager = TaskManager(include_path=str(folder), include_defaults=False)
-    lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, limit=4, log_samples=False)
+    lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=4, log_samples=False)
     report: dict[str, Any] = {
         "mode": mode,
         "seconds": {},
@@ -151,7 +151,7 @@ def child(mode: str, folder: Path, model: str) -> dict[str, Any]:
     }
     times: dict[str, float] = {}
     _timed(lm, times)
-    for task in TASKS:
+    for task in tasks:
         load = os.getloadavg()[0]
         times.clear()
         start = time.perf_counter()
@@ -182,9 +182,10 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], task: str) -> dict[str
     return {"gap": gap, "is_greedy_differ": greedy, "choices": choices}
 
 
-def _run_child(mode: str, folder: Path, model: str, out: Path) -> dict[str, Any]:
+def _run_child(mode: str, folder: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--folder", str(folder)]
-    command += ["--model", model, "--out", str(out)]
+    command += ["--model", args.model, "--out", str(out), "--options", args.options, "--tasks", *args.tasks]
+    command += ["--ours-options", args.ours_options]
     with open(out.with_suffix(".log"), "w") as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0 or not out.exists():
@@ -204,6 +205,13 @@ def main() -> None:
     parser.add_argument("--hella", type=int, default=200, help="HellaSwag-shaped documents (4 endings)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", help="model directory (default: the tiny test model)")
+    parser.add_argument(
+        "--options", default=json.dumps(ENGINE_OPTIONS), help="engine options of both models, as JSON"
+    )
+    parser.add_argument(
+        "--ours-options", default="{}", help='options for ours alone, as JSON (e.g. {"engines": "auto"})'
+    )
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -216,7 +224,11 @@ def main() -> None:
 
         args.model = str(build_tiny_model())
     if args.child:
-        Path(args.out).write_text(json.dumps(child(args.child, Path(args.folder), args.model)))
+        options = json.loads(args.options)
+        if args.child == "ours":
+            options |= json.loads(args.ours_options)
+        report = child(args.child, Path(args.folder), args.model, options, args.tasks)
+        Path(args.out).write_text(json.dumps(report))
         return
     work = Path(tempfile.mkdtemp(prefix="lm-eval-scoring-"))
     build_tasks(work / "tasks", args.mmlu, args.hella)
@@ -225,10 +237,10 @@ def main() -> None:
     for round_ in range(args.rounds):
         order = modes if round_ % 2 == 0 else modes[::-1]
         for mode in order:
-            result = _run_child(mode, work / "tasks", args.model, work / f"round{round_ + 1}-{mode}.json")
+            result = _run_child(mode, work / "tasks", args, work / f"round{round_ + 1}-{mode}.json")
             runs[mode].append(result)
             figures = ", ".join(
-                f"{t} {result['seconds'][t]:.2f} s ({result['in_model'][t]:.2f})" for t in TASKS
+                f"{t} {result['seconds'][t]:.2f} s ({result['in_model'][t]:.2f})" for t in args.tasks
             )
             print(f"round {round_ + 1} {mode}: {figures}", file=sys.stderr, flush=True)
     print(
@@ -241,7 +253,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for round_ in range(args.rounds):
         order = " ".join(modes if round_ % 2 == 0 else modes[::-1])
-        for task in TASKS:
+        for task in args.tasks:
             theirs, ours = runs["lm-eval"][round_], runs["ours"][round_]
             loads = f"{theirs['load'][task][0]:.2f} / {ours['load'][task][0]:.2f}"
             print(
@@ -251,7 +263,7 @@ def main() -> None:
                 f"| {theirs['seconds'][task] / ours['seconds'][task]:.2f} |"
             )
     print()
-    for task in TASKS:
+    for task in args.tasks:
         ratios = [
             a["seconds"][task] / b["seconds"][task]
             for a, b in zip(runs["lm-eval"], runs["ours"], strict=True)
