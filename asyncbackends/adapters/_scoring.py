@@ -162,14 +162,19 @@ def tail_logprobs(rows: Any, plan: ScoringPlan) -> list[tuple[float, bool]] | No
     """The (logprob, is it the top-1 token) of the plan's scored tokens, from vLLM's prompt logprobs.
 
     ``rows`` holds one entry per prompt token: a ``{token: Logprob}`` dict (``None`` for the first), or
-    vLLM's ``FlatLogprobs``, read through its flat lists so no dict is built per position. ``None`` when a
-    scored token is missing.
+    vLLM's ``FlatLogprobs``, read through its flat lists so no dict is built per position. Fewer rows than
+    prompt tokens are the prompt's last ones (vLLM versions differ: some leave out the first token's row, or
+    the rows a prefix-cache hit covered). ``None`` when a scored token is missing; each row is checked to
+    hold its own prompt token, so rows read at the wrong place are a miss, never a wrong value.
     """
     first = len(plan.token_ids) - plan.scored
     starts = getattr(rows, "start_indices", None)
+    offset = len(plan.token_ids) - len(rows if starts is None else starts)
+    if offset < 0 or first < offset:
+        return None
     if starts is None:
         scored = []
-        for token, row in zip(plan.token_ids[first:], rows[first:], strict=True):
+        for token, row in zip(plan.token_ids[first:], rows[first - offset :], strict=True):
             entry = row.get(token) if row is not None else None
             if entry is None:
                 return None
@@ -179,7 +184,8 @@ def tail_logprobs(rows: Any, plan: ScoringPlan) -> list[tuple[float, bool]] | No
     flat = []
     for position in range(first, len(plan.token_ids)):
         token = plan.token_ids[position]
-        found = [i for i in range(starts[position], ends[position]) if tokens[i] == token]
+        row = position - offset
+        found = [i for i in range(starts[row], ends[row]) if tokens[i] == token]
         if not found:
             return None
         flat.append((float(logprobs[found[0]]), ranks[found[0]] == 1))

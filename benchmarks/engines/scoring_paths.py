@@ -87,12 +87,11 @@ class _Engine:
         if read_cache and (out.num_cached_tokens or 0) > len(ids) - scored - 1:
             self.sent_again += 1
             out = await self.run(ids, prompt_logprobs=0, flat_logprobs=True)
-        rows = out.prompt_logprobs
-        got = []
-        for position in range(len(ids) - scored, len(ids)):
-            row = rows.start_indices[position]
-            assert rows.token_ids[row] == ids[position]
-            got.append((rows.logprobs[row], rows.ranks[row] == 1))
+        from asyncbackends.adapters._scoring import ScoringPlan, tail_logprobs
+
+        # The adapter's reader: vLLM versions differ in which leading rows they leave out.
+        got = tail_logprobs(out.prompt_logprobs, ScoringPlan(tuple(ids), scored))
+        assert got is not None, "a scored token's prompt logprob is missing"
         return got
 
     async def tokens(self, ids: list[int], tokens: list[int]) -> list[tuple[float, bool]]:

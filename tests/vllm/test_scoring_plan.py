@@ -153,3 +153,28 @@ def test_tail_logprobs_reads_dict_rows_and_flat_rows_alike() -> None:
     missing = [*rows[:3], {7: SimpleNamespace(logprob=-0.1, rank=1)}]
     assert tail_logprobs(missing, plan) is None
     assert tail_logprobs(_flat(missing), plan) is None
+
+
+def _lp(logprob: float, rank: int) -> SimpleNamespace:
+    return SimpleNamespace(logprob=logprob, rank=rank)
+
+
+def test_tail_logprobs_reads_rows_that_leave_out_the_first_ones() -> None:
+    # vLLM 0.26 on a GPU gave fewer rows than prompt tokens (no row for the first token): the rows are the
+    # prompt's last ones, and a row read at the wrong place is a miss, never a wrong value.
+    plan = ScoringPlan(token_ids=(1, 2, 3, 4), scored=2)
+    rows: list[dict[int, SimpleNamespace] | None] = [
+        None,
+        {2: _lp(-0.1, 1)},
+        {3: _lp(-0.5, 1)},
+        {4: _lp(-1.5, 2)},
+    ]
+    for shorter in (rows[1:], rows[2:]):
+        assert tail_logprobs(shorter, plan) == [(-0.5, True), (-1.5, False)]
+        assert tail_logprobs(_flat(shorter), plan) == [(-0.5, True), (-1.5, False)]
+    assert tail_logprobs(rows[3:], plan) is None  # a scored row is not there
+    shifted: list[dict[int, SimpleNamespace] | None] = [
+        {3: _lp(-0.5, 1)},
+        {9: _lp(-1.5, 2)},
+    ]  # tail-aligned, but not the prompt's tokens
+    assert tail_logprobs(shifted, plan) is None

@@ -171,7 +171,7 @@ class EngineScoring:
         self, output: RequestOutput, plan: ScoringPlan, request_id: str | None
     ) -> list[tuple[float, bool]]:
         rows = output.prompt_logprobs
-        scored = tail_logprobs(rows, plan) if rows is not None and len(rows) == len(plan.token_ids) else None
+        scored = tail_logprobs(rows, plan) if rows is not None else None
         if scored is None:
             raise self._error("vllm omitted a prompt logprob", request_id)
         return scored
