@@ -76,8 +76,9 @@ _NO_MODEL = (
 
 def _accepted(backend: str) -> set[str] | None:
     """The option names ``backend``'s factory takes, or ``None`` where it takes any (``**options``)."""
-    factory, _ = _factory(_load(backend))
-    params = _parameters(factory) or []
+    cls = _load(backend)
+    factory, _ = _factory(cls)
+    params = _parameters(cls, factory) or []
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params}
