@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook first, so that ours (registered later) run before it
 import contextlib
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from .errors import LoopError
 
-__all__ = ["LoopManager", "get_loop_manager"]
+__all__ = ["LoopManager", "get_loop_manager", "register_exit_hook"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -285,6 +286,23 @@ def _reset_after_fork() -> None:
     _manager = None
 
 
-atexit.register(_shutdown_at_exit)
+def register_exit_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at interpreter exit while thread pools still take work; hooks run last-in first-out.
+
+    Python stops every `concurrent.futures` thread pool (the loop's default executor: ``to_thread``,
+    ``run_in_executor``, which vLLM's and our own clean-up use) in a threading exit hook that runs before any
+    `atexit` function. A backend closed from `atexit` then fails with "cannot schedule new futures after
+    interpreter shutdown", leaving a traceback after an eval's results and an engine killed half-closed (its
+    shared memory leaked). Hooks registered here run before that one: it was registered when
+    `concurrent.futures.thread` was imported, which this module does first.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - every CPython this package supports has it
+        atexit.register(hook)
+    else:
+        register(hook)
+
+
+register_exit_hook(_shutdown_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)

@@ -19,13 +19,13 @@ shutdown gives a backend 5 s, too little for a delete).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._capabilities import refuse_unclaimed_chat
+from .._loop import register_exit_hook
 from .._protocol import BaseBackend, Secret
 from .._types import (
     GenerationRequest,
@@ -231,7 +231,7 @@ def _close_open_endpoints_at_exit() -> None:
     """Apply ``on_close`` to every endpoint still open, each within its ``close_timeout``.
 
     Registered when this module is imported, which is after `asyncbackends._loop` registered the shared
-    loop's shutdown; ``atexit`` runs hooks last-in first-out, so this runs while the loop still does.
+    loop's shutdown; exit hooks run last-in first-out, so this runs while the loop still does.
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[EndpointsBackend]] = {}
     for backend, (loop, pid) in list(_close_at_exit.items()):
@@ -252,7 +252,7 @@ def _close_open_endpoints_at_exit() -> None:
             log.warning("closing Inference Endpoints at exit: %s: %s", type(exc).__name__, exc)
 
 
-atexit.register(_close_open_endpoints_at_exit)
+register_exit_hook(_close_open_endpoints_at_exit)
 
 
 def _detect_protocol(raw: Mapping[str, Any]) -> WireProtocol:
