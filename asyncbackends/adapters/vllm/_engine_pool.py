@@ -29,6 +29,11 @@ class VLLMEnginesBackend(PoolBackend):
         return [replica.backend for replica in self.router.replicas]
 
     @property
+    def restarts(self) -> int:
+        """How many times an engine was started again after its engine core died, all engines together."""
+        return sum(int(engine.restarts) for engine in self.engines)
+
+    @property
     def fingerprint(self) -> dict[str, Any]:
         """One engine's fingerprint (the model, its files, the options that change outputs)."""
         fingerprint: dict[str, Any] = self.engines[0].fingerprint
