@@ -26,6 +26,7 @@ from ._options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from ._protocol import AsyncBackend, BaseBackend, Secret
 from ._registry import acreate_backend, available_backends, create_backend, register_backend
 from ._routing.replica import ReplicaStats
+from ._timeouts import Timeouts
 from ._types import (
     Capabilities,
     Completion,
@@ -50,6 +51,7 @@ from .errors import (
     BackendNotFoundError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     LoopError,
     RateLimitedError,
@@ -71,6 +73,7 @@ __all__ = [
     "BaseBackend",
     "Capabilities",
     "Completion",
+    "ContextLengthError",
     "GenerationRequest",
     "GenerationResult",
     "InvalidRequestError",
@@ -97,6 +100,7 @@ __all__ = [
     "RunOptions",
     "SamplingParams",
     "Secret",
+    "Timeouts",
     "TokenUsage",
     "Tool",
     "ToolCall",

@@ -95,9 +95,10 @@ async def gather(
             (most requests in flight; ``None`` takes ``backend.capabilities.max_concurrency``, else
             `DEFAULT_CONCURRENCY`; ``"adaptive"`` or an `AdaptiveConcurrency` lowers the limit on rate-limit
             and overload answers, raises it on clean rounds and holds it when queueing delay grows),
-            ``retry`` (``None`` means ``RetryPolicy()``), ``timeout`` (seconds per attempt; waiting for a
-            slot does not count), ``rate_limit``, ``progress`` (a tqdm bar), ``cache`` (a `ResponseCache` or
-            a path: results found there are not sent again, so a killed run resumes where it stopped),
+            ``retry`` (``None`` means ``RetryPolicy()``), ``timeout`` (per-attempt `ab.Timeouts`: by
+            default no total and 120 s without a byte or token; a number is a total; waiting for a slot
+            does not count), ``rate_limit``, ``progress`` (a tqdm bar), ``cache`` (a `ResponseCache` or a
+            path: results found there are not sent again, so a killed run resumes where it stopped),
             ``metrics`` (a `RunMetrics`) and ``callbacks`` (a `RunCallbacks`). Any other keyword is a
             misspelled option: mypy flags it, and the call raises before anything is sent.
 

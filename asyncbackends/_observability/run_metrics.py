@@ -36,6 +36,8 @@ class RunMetrics:
         retries: Attempts beyond each request's first.
         retried_errors: The errors that caused those retries, by type name.
         errors: Failed requests by error type name.
+        context_length_errors: Failed requests whose prompt plus ``max_tokens`` did not fit the model
+            (`ContextLengthError`, never retried): the eval's inputs to fix, not the server's failures.
         prompt_tokens: Prompt tokens over all results that reported them.
         completion_tokens: Generated tokens over all results.
         concurrency_limit: The run's concurrency limit now: the fixed one, or where the adaptive one stands.
@@ -53,6 +55,7 @@ class RunMetrics:
     retries: int = 0
     retried_errors: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    context_length_errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     concurrency_limit: int | None = None
@@ -139,6 +142,7 @@ class RunMetrics:
             "successes": self.successes,
             "failed": self.failed,
             "errors": dict(self.errors),
+            "context_length_errors": self.context_length_errors,
             "retries": self.retries,
             "retried_errors": dict(self.retried_errors),
             "cache_hits": self.cache_hits,
@@ -174,9 +178,11 @@ class RunMetrics:
         rate = "-" if s["requests_per_s"] is None else f"{s['requests_per_s']:.1f} req/s"
         tps = "-" if s["completion_tokens_per_s"] is None else f"{s['completion_tokens_per_s']:.1f} tok/s"
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
+        too_long = s["context_length_errors"]
         lines = [
             f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
-            f"retries: {s['retries']}  cache hits: {s['cache_hits']}"
+            + (f"(too long for the model: {too_long})  " if too_long else "")
+            + f"retries: {s['retries']}  cache hits: {s['cache_hits']}"
             + (f"  cache read failures: {s['cache_read_failures']}" if s["cache_read_failures"] else ""),
             f"errors: {errors}",
             f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",

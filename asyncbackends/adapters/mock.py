@@ -45,6 +45,7 @@ from ..errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     RateLimitedError,
     RequestRejectedError,
@@ -53,12 +54,15 @@ from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
 
 __all__ = ["MockBackend"]
 
-FailureKind = Literal["rate_limited", "unavailable", "timeout", "rejected", "broken", "server"]
+FailureKind = Literal[
+    "rate_limited", "unavailable", "timeout", "rejected", "context_length", "broken", "server"
+]
 _FAILURES: dict[str, type[BackendError]] = {
     "rate_limited": RateLimitedError,
     "unavailable": BackendUnavailableError,
     "timeout": BackendTimeoutError,
     "rejected": RequestRejectedError,
+    "context_length": ContextLengthError,
     "broken": BackendBrokenError,
     "server": BackendError,
 }
@@ -99,6 +103,8 @@ class MockBackend(BaseBackend):
         model: The model name reported in results and the fingerprint.
         images: Claim `Capabilities.images` (accept image parts); false to test refusals.
         tools: Claim `Capabilities.tools` (accept tools and return tool calls); false to test refusals.
+        max_model_len: The context length in the mock's tokens (characters): a prompt plus ``max_tokens``
+            (a context plus continuation) over it is a `ContextLengthError`; ``None``: no limit.
     """
 
     name = "mock"
@@ -117,6 +123,7 @@ class MockBackend(BaseBackend):
         model: str = "mock-echo",
         images: bool = True,
         tools: bool = True,
+        max_model_len: int | None = None,
     ) -> None:
         # Options may come from the command line as text: a wrong type is a clear error, not a TypeError.
         numbers: dict[str, float | None] = {
@@ -129,10 +136,13 @@ class MockBackend(BaseBackend):
             "fail_attempts": fail_attempts,
             "seed": seed,
             "max_concurrency": max_concurrency,
+            "max_model_len": max_model_len,
         }
         for kind, check, values in (("a number", is_number, numbers), ("an integer", is_int, integers)):
             for option, value in values.items():
-                if not check(value) and not (value is None and option in ("retry_after", "max_concurrency")):
+                if not check(value) and not (
+                    value is None and option in ("retry_after", "max_concurrency", "max_model_len")
+                ):
                     raise InvalidRequestError(f"mock option {option} must be {kind}, got {value!r}")
         if latency < 0 or jitter < 0:
             raise InvalidRequestError("latency and jitter must be >= 0")
@@ -144,6 +154,7 @@ class MockBackend(BaseBackend):
         self.failure_rate, self.fail_attempts = failure_rate, fail_attempts
         self.failure, self.retry_after = failure, retry_after
         self.model = model
+        self.max_model_len = max_model_len
         self._rng = random.Random(seed)
         self.capabilities = Capabilities(
             loglikelihood=True,
@@ -167,6 +178,14 @@ class MockBackend(BaseBackend):
         self.max_in_flight = 0
         self.cancelled = 0
         self.completed = 0
+
+    def _check_length(self, tokens: int, request_id: str | None) -> None:
+        if self.max_model_len is not None and tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"mock: {tokens} tokens (prompt plus max_tokens) exceed max_model_len={self.max_model_len}",
+                backend=self.name,
+                request_id=request_id,
+            )
 
     @property
     def fingerprint(self) -> dict[str, str]:
@@ -231,6 +250,7 @@ class MockBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        self._check_length(len(text) + params.max_tokens, request.request_id)
         constrained = self._constrained(request)
         call = self._tool_call(request, text)
         await self._attempt(request.request_id or text, request.request_id)
@@ -318,6 +338,7 @@ class MockBackend(BaseBackend):
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score with the mock's fixed distribution; greedy means the continuation echoes the context."""
+        self._check_length(len(request.context) + len(request.continuation), request.request_id)
         await self._attempt(request.request_id or request.context + request.continuation, request.request_id)
         parts = self._score(request.context, request.continuation)
         return LoglikelihoodResult(

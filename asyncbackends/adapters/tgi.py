@@ -22,13 +22,19 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 
 ``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
-sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
+sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). Text prompts
+are generated through ``POST /generate_stream`` and the events put back into ``/generate``'s answer
+(`_streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; scoring and
+tokenizing are short and bounded by it as a whole; the chat route is not streamed (``total`` alone bounds
+it). Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError` (a length error:
+`ContextLengthError`), 429 ->
 `RateLimitedError`, 503 -> `BackendUnavailableError`, 424 and other 5xx -> retryable `BackendError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -38,6 +44,7 @@ from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._protocol import BaseBackend, Secret
 from .._tasks import all_or_nothing
 from .._text import split_trailing_space
+from .._timeouts import idle_timeout
 from .._types import (
     Capabilities,
     Completion,
@@ -46,9 +53,23 @@ from .._types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
+from ..errors import (
+    AuthenticationError,
+    BackendError,
+    ContextLengthError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
 from ._credentials import resolve_token
-from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
+from ._http import (
+    HTTPResponse,
+    HTTPTransport,
+    error_for_status,
+    json_body,
+    malformed_response,
+    poll_until_ok,
+)
+from ._streams import assemble_generate, sse_events, stream_error
 from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
     UNSUPPORTED_REASONS,
@@ -69,6 +90,8 @@ __all__ = ["TGIBackend"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# The status a streamed route would have answered for each of TGI's error types (its OpenAPI spec).
+_STREAM_ERROR_STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "incomplete_generation": 500}
 # How long building waits for /info before leaving it to the first request.
 _BUILD_INFO_TIMEOUT = 3.0
 
@@ -287,17 +310,32 @@ class TGIBackend(BaseBackend):
         """Refuse what TGI's router would refuse for length; the prompt is counted only with a tokenizer."""
         problem = length_problem(info, text, max_new, self._encode, prompt_min)
         if problem:
-            raise RequestRejectedError(problem, backend=self.name, request_id=rid)
+            raise ContextLengthError(problem, backend=self.name, request_id=rid)
 
     async def _generate_once(
         self, request: GenerationRequest, seed: int | None
     ) -> tuple[Completion, int | None]:
-        body, headers = await self._post("/generate", generate_payload(request, seed), request)
+        # Streamed, so that the idle limit sees each token: a long generation that keeps producing is
+        # never cut. The events are assembled into /generate's answer and parsed as it is.
+        rid = request.request_id
+        payload = generate_payload(request, seed)
+        resp = await self._send("/generate_stream", payload, rid, idle=idle_timeout())
+        if resp.status >= 300:
+            raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
         try:
-            completion = parse_generate(body, request.params)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise self._malformed(request.request_id, exc) from exc
-        return completion, int_header(headers, "x-prompt-tokens")
+            events = sse_events(resp.body)
+            failed = stream_error(events)
+            if failed is None:
+                body = assemble_generate(events)
+                completion = parse_generate(body, request.params)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise self._malformed(rid, exc) from exc
+        if failed is not None:
+            # A failure after the stream began: its error_type says what the status would have been.
+            status = _STREAM_ERROR_STATUS.get(str(failed.get("error_type")), 500)
+            raise error_for_status(status, json.dumps(failed), backend=self.name, request_id=rid)
+        prompt_tokens = int_header(resp.headers, "x-prompt-tokens") or body["details"]["input_length"]
+        return completion, prompt_tokens
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
         body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
@@ -319,7 +357,10 @@ class TGIBackend(BaseBackend):
         info = await self.info(rid)
         self._check_length(info, text, 1, rid, prompt_min=2)
         parameters = {"do_sample": False, "max_new_tokens": 1, "details": True, "decoder_input_details": True}
-        scored = self._post("/generate", {"inputs": text, "parameters": parameters}, request)
+        # One token generated: the answer comes at once, so the idle limit bounds the whole wait.
+        scored = self._post(
+            "/generate", {"inputs": text, "parameters": parameters}, request, idle=idle_timeout()
+        )
         if self._encode is not None:
             k = len(self._encode(text)) - len(self._encode(context))
             body, _ = await scored
@@ -344,7 +385,7 @@ class TGIBackend(BaseBackend):
 
     async def _count_continuation(self, text: str, boundary: int, request: LoglikelihoodRequest) -> int:
         """Tokens of ``text`` that end past character ``boundary`` (the continuation's), by ``/tokenize``."""
-        body, _ = await self._post("/tokenize", {"inputs": text}, request, not_found_hint=True)
+        body, _ = await self._post("/tokenize", {"inputs": text}, request, True, idle_timeout())
         try:
             return sum(1 for t in body if t["stop"] > boundary)
         except (KeyError, TypeError) as exc:
@@ -352,14 +393,17 @@ class TGIBackend(BaseBackend):
 
     # -- wire ----------------------------------------------------------------------------------------
 
-    async def _post(
-        self, path: str, payload: Any, request: Any, not_found_hint: bool = False
-    ) -> tuple[Any, Mapping[str, str]]:
-        rid = request.request_id
+    async def _send(self, path: str, payload: Any, rid: str | None, idle: float | None) -> HTTPResponse:
         too_large = oversized(payload, self.payload_limit)  # images, in a chat or a text's markdown
         if too_large:
             raise RequestRejectedError(too_large, backend=self.name, request_id=rid)
-        resp = await self._http.request("POST", path, json_body=payload, request_id=rid)
+        return await self._http.request("POST", path, json_body=payload, request_id=rid, idle=idle)
+
+    async def _post(
+        self, path: str, payload: Any, request: Any, not_found_hint: bool = False, idle: float | None = None
+    ) -> tuple[Any, Mapping[str, str]]:
+        rid = request.request_id
+        resp = await self._send(path, payload, rid, idle)
         if resp.status == 404 and not_found_hint:
             raise RequestRejectedError(
                 "this server cannot tokenize (no fast tokenizer): pass tokenizer= to the tgi backend",

@@ -51,7 +51,8 @@ from asyncbackends._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
-from asyncbackends.errors import InvalidRequestError
+from asyncbackends.errors import ContextLengthError, InvalidRequestError
+from asyncbackends.integrations._failed_samples import FAILED_SCORE, eval_timeouts, length_failures
 
 __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 
@@ -87,7 +88,9 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"openai"``, ``"mock"``...).
         backend_options: Passed to `create_backend` unchanged (``model``, ``dtype``, ``url``...).
         concurrency: Requests in flight; ``None`` takes the backend's own hint.
-        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
+            takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
         max_attempts: Attempts per request for retryable errors, the first included.
         use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring).
         max_length: The model's context length, reported to lighteval; ``None`` asks the backend.
@@ -103,6 +106,7 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     backend_options: dict[str, Any] = Field(default_factory=dict)
     concurrency: int | None = None
     timeout: float | None = None
+    idle_timeout: float | None = None
     max_attempts: int = 3
     use_chat_template: bool = False
     max_length: int | None = None
@@ -172,14 +176,17 @@ class AsyncBackendsModel(LightevalModel):
         return str(getattr(self.backend, "name", type(self.backend).__name__))
 
     def _run(self, requests: Sequence[Any], label: str) -> list[Any]:
-        return run_batch(
+        results = run_batch(
             self.backend,
             requests,
             concurrency=self.config.concurrency,
-            timeout=self.config.timeout,
+            timeout=eval_timeouts(self.config.timeout, self.config.idle_timeout),
             retry=self.retry,
             progress=f"{self._name}: {label}" if self.config.progress else False,
+            return_exceptions=True,
         )
+        length_failures(results, label, log)  # raises any other error; those stay in place as failed samples
+        return results
 
     def _chat(self) -> bool:
         return bool(self.config.use_chat_template)
@@ -239,11 +246,17 @@ class AsyncBackendsModel(LightevalModel):
         ]
         results: list[GenerationResult] = self._run(requests, "generate")
         responses = []
-        for prompt, result in zip(prompts, results, strict=True):
+        for prompt, doc, result in zip(prompts, docs, results, strict=True):
+            if isinstance(result, ContextLengthError):  # a failed sample: empty answers, never the error
+                text = [""] * doc.num_samples
+                responses.append(
+                    ModelResponse(input=_listed(prompt), text=text, output_tokens=[[]] * len(text))
+                )
+                continue
             first = result.completions[0]
             responses.append(
                 ModelResponse(
-                    input=prompt if isinstance(prompt, str) else list(prompt),
+                    input=_listed(prompt),
                     text=[c.text for c in result.completions],
                     output_tokens=[list(c.token_ids) for c in result.completions],
                     logprobs=list(first.logprobs or []),
@@ -278,8 +291,8 @@ class AsyncBackendsModel(LightevalModel):
                 ModelResponse(
                     input=context,
                     # lighteval's PMI normalisation reads the unconditioned scores after the conditioned ones.
-                    logprobs=[float(r.logprob) for r in scored],
-                    argmax_logits_eq_gold=[bool(r.is_greedy) for r in choices],
+                    logprobs=[_logprob(r) for r in scored],
+                    argmax_logits_eq_gold=[_greedy(r) for r in choices],
                 )
             )
         return responses
@@ -296,9 +309,22 @@ class AsyncBackendsModel(LightevalModel):
             [RollingLoglikelihoodRequest(text) for text in texts], "loglikelihood_rolling"
         )
         return [
-            ModelResponse(input=text, logprobs=[float(r.logprob)], argmax_logits_eq_gold=[bool(r.is_greedy)])
+            ModelResponse(input=text, logprobs=[_logprob(r)], argmax_logits_eq_gold=[_greedy(r)])
             for text, r in zip(texts, results, strict=True)
         ]
+
+
+def _listed(prompt: Any) -> Any:
+    return prompt if isinstance(prompt, str) else list(prompt)
+
+
+def _logprob(result: LoglikelihoodResult | ContextLengthError) -> float:
+    # A request that did not fit the model is a failed sample: below every real score.
+    return FAILED_SCORE if isinstance(result, ContextLengthError) else float(result.logprob)
+
+
+def _greedy(result: LoglikelihoodResult | ContextLengthError) -> bool:
+    return not isinstance(result, ContextLengthError) and bool(result.is_greedy)
 
 
 def _check_generation_parameters(config: AsyncBackendsModelConfig) -> None:

@@ -39,7 +39,8 @@ from .._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
-from ..errors import InvalidRequestError
+from ..errors import ContextLengthError, InvalidRequestError
+from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
 from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
 
 __all__ = ["MODEL_NAME", "AsyncBackendsLM", "main"]
@@ -87,7 +88,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"mock"``...) or a backend object.
         concurrency: Requests in flight; ``None`` takes lm-eval's ``batch_size`` when it is above 1, else the
             backend's own hint.
-        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
+            takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
         max_attempts: Attempts per request for retryable errors, the first included.
         progress: Show a progress bar per batch.
         cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.
@@ -106,6 +109,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         *,
         concurrency: int | None = None,
         timeout: float | None = None,
+        idle_timeout: float | None = None,
         max_attempts: int = 3,
         progress: bool = True,
         cache: str | None = None,
@@ -127,7 +131,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         else:
             self.backend = backend
         self.concurrency = _concurrency(concurrency, batch_size)
-        self.timeout = None if timeout is None else float(timeout)
+        self.timeout = eval_timeouts(timeout, idle_timeout)
         self.retry = RetryPolicy(max_attempts=int(max_attempts))
         self.progress = bool(progress)
         self.cache = cache
@@ -170,7 +174,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             retry=self.retry,
             progress=f"{self.backend_name}: {label}" if self.progress and self.rank == 0 else False,
             cache=self.cache,
+            return_exceptions=True,
         )
+        length_failures(results, label, log)  # raises any other error; those stay in place as failed samples
         if order is None:
             return results
         ordered: list[Any] = [None] * len(results)
@@ -194,6 +200,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood", order)
         answers = []
         for arg, result in zip(args, results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append((FAILED_LOGPROB, False))  # a failed sample: never cached
+                continue
             if result.is_greedy is None and not self._warned_is_greedy:
                 self._warned_is_greedy = True
                 log.warning(
@@ -213,6 +222,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood_rolling")
         answers = []
         for arg, result in zip(args, results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append(FAILED_LOGPROB)
+                continue
             self.cache_hook.add_partial("loglikelihood_rolling", arg, float(result.logprob))
             answers.append(float(result.logprob))
         return answers
@@ -294,6 +306,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         results: list[GenerationResult] = self._run(batch, "generate_until", order)
         answers = []
         for arg, request, result in zip([a[:2] for a in args], batch, results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append("")  # a failed sample, scored as such: never the error's text
+                continue
             text = result.text
             # A backend that ignores stop strings would leak the text after them: cut as lm-eval's models do.
             for stop in request.params.stop:

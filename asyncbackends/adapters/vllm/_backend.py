@@ -41,11 +41,13 @@ from ...errors import (
     BackendBrokenError,
     BackendClosedError,
     BackendError,
+    ContextLengthError,
     InvalidRequestError,
     RateLimitedError,
     RequestRejectedError,
 )
 from .._checkpoint import checkpoint_fields
+from .._lengths import says_context_length
 from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from . import _checks
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
@@ -424,7 +426,10 @@ class VLLMBackend(BaseBackend):
         if isinstance(exc, GracefulHTTPError):  # the engine's queue limits (max_num_queued_reqs): slow down
             return RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
         if isinstance(exc, VLLMClientError):  # validation: prompt too long, token id out of vocabulary...
-            return RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+            # vLLM's input processor: a prompt that leaves no room for one generated token (a prompt
+            # that fits is generated up to max_model_len, finish reason "length", as vLLM does).
+            kind = ContextLengthError if says_context_length(str(exc)) else RequestRejectedError
+            return kind(f"vllm: {exc}", backend=self.name, request_id=request_id)
         if self._closed or (self._engine is not None and self._engine.errored):
             return self._dead(exc, request_id)
         return BackendError(
@@ -514,7 +519,7 @@ class VLLMBackend(BaseBackend):
             max_prompt_tokens=self._max_prompt_tokens,
         )
         if plan is None:
-            raise RequestRejectedError(
+            raise ContextLengthError(
                 f"continuation does not fit in max_model_len={self.max_model_len}",
                 backend=self.name,
                 request_id=request.request_id,
