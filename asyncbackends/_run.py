@@ -20,6 +20,7 @@ from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import RateBuckets
 from ._observability.observe import RequestObserver, RunObserver, current_request
+from ._observability.run_metrics import thinking_of
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
@@ -238,6 +239,9 @@ class Run:
                 if isinstance(outcome, GenerationResult):
                     metrics.prompt_tokens += outcome.prompt_tokens or 0
                     metrics.completion_tokens += outcome.completion_tokens
+                    thinking, cut_off = thinking_of(outcome)
+                    metrics.reasoning_tokens += thinking
+                    metrics.reasoning_truncated += cut_off
             sink(index, outcome)
             if metrics is not None:
                 end = time.perf_counter()

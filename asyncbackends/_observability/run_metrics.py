@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunMetrics"]
+__all__ = ["RunMetrics", "thinking_of"]
+
+
+def thinking_of(result: Any) -> tuple[int, int]:
+    """A generation result's thinking tokens and its completions cut off while thinking (0, 0 if none)."""
+    completions = getattr(result, "completions", ())
+    return sum(c.reasoning_tokens for c in completions), sum(c.reasoning_truncated for c in completions)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -39,7 +45,9 @@ class RunMetrics:
         context_length_errors: Failed requests whose prompt plus ``max_tokens`` did not fit the model
             (`ContextLengthError`, never retried): the eval's inputs to fix, not the server's failures.
         prompt_tokens: Prompt tokens over all results that reported them.
-        completion_tokens: Generated tokens over all results.
+        completion_tokens: Generated tokens over all results (thinking included).
+        reasoning_tokens: Of those, the tokens reasoning models spent thinking (where backends report them).
+        reasoning_truncated: Completions cut off while thinking (no answer: ``max_tokens`` came first).
         concurrency_limit: The run's concurrency limit now: the fixed one, or where the adaptive one stands.
         concurrency_changes: How often the adaptive limit moved, by reason ("rate_limited", "overloaded",
             "clean_round", "queueing").
@@ -58,6 +66,8 @@ class RunMetrics:
     context_length_errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    reasoning_truncated: int = 0
     concurrency_limit: int | None = None
     concurrency_changes: Counter[str] = field(default_factory=Counter)
     on_update: Callable[[RunMetrics], None] | None = None
@@ -157,6 +167,8 @@ class RunMetrics:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_truncated": self.reasoning_truncated,
             "concurrency_limit": self.concurrency_limit,
             "concurrency_changes": dict(self.concurrency_changes),
         }
@@ -189,6 +201,11 @@ class RunMetrics:
             f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
             f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
         ]
+        if s["reasoning_tokens"] or s["reasoning_truncated"]:
+            lines.append(
+                f"thinking: {s['reasoning_tokens']} tokens  "
+                f"cut off while thinking: {s['reasoning_truncated']}"
+            )
         if s["concurrency_changes"]:
             moves = ", ".join(f"{k}: {v}" for k, v in sorted(s["concurrency_changes"].items()))
             lines.append(

@@ -66,7 +66,7 @@ __all__ = ["OpenAIBackend"]
 
 ServerKind = Literal["auto", "vllm", "generic"]
 _NOT_VLLM = dict.fromkeys(
-    ("repetition_penalty", "min_p", "min_tokens", "regex"),
+    ("repetition_penalty", "min_p", "min_tokens", "regex", "thinking_budget"),
     "vLLM's extra request field; this server was not recognised as vLLM (pass server='vllm' if it is)",
 )
 
@@ -288,6 +288,12 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             )
             return GenerationResult(rid, empty, None, self.model)
         chat = request.prompt_kind == "chat"
+        if params.reasoning_effort is not None and not chat:
+            raise RequestRejectedError(
+                "openai: reasoning_effort is a chat completions field; send a chat prompt",
+                backend=self.name,
+                request_id=rid,
+            )
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         path = "/chat/completions" if chat else "/completions"
         if request.tools:

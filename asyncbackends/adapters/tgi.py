@@ -69,6 +69,7 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
+from ._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
 from ._streams import assemble_generate, sse_events, stream_error
 from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
@@ -117,6 +118,9 @@ class TGIBackend(BaseBackend):
         payload_limit: The server's ``--payload-limit`` in bytes (TGI's default 2,000,000): a body over it
             (large images, as chat parts or a text prompt's markdown) is refused with `RequestRejectedError`
             before sending; ``None``: no check.
+        reasoning_tags: ``(start, end)`` that delimit a reasoning model's thinking in the text the server
+            returns (``("<think>", "</think>")``): the answer alone in ``text``, the thinking in
+            ``reasoning``; stop strings end the answer only (`_reasoning_tags`).
     """
 
     name = "tgi"
@@ -132,6 +136,7 @@ class TGIBackend(BaseBackend):
         max_concurrency: int | None = None,
         tokenizer: Any = None,
         payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
+        reasoning_tags: tuple[str, str] | None = None,
     ) -> None:
         secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
@@ -147,6 +152,7 @@ class TGIBackend(BaseBackend):
         if payload_limit is not None and (not isinstance(payload_limit, int) or payload_limit < 1):
             raise InvalidRequestError(f"payload_limit must be a positive int or None, got {payload_limit!r}")
         self.payload_limit = payload_limit
+        self.reasoning_tags = check_reasoning_tags(reasoning_tags)
         self._info: TGIInfo | None = None
         self._unlearned = uuid.uuid4().hex  # the fingerprint's stand-in until /info has answered
         self._info_lock: asyncio.Lock | None = None
@@ -165,6 +171,7 @@ class TGIBackend(BaseBackend):
             regex=True,
             images=True,
             tools=True,
+            reasoning=self.reasoning_tags is not None,
         )
 
     def __repr__(self) -> str:
@@ -212,7 +219,8 @@ class TGIBackend(BaseBackend):
         if info is None:
             return {"name": self.name, "url": self.url, "model_id": None, "unlearned": self._unlearned}
         identity = {"model_id": info.model_id, "model_sha": info.model_sha, "model_dtype": info.model_dtype}
-        return {"name": self.name, "url": self.url, **identity}
+        split = {"reasoning_tags": list(self.reasoning_tags)} if self.reasoning_tags else {}  # text = answer
+        return {"name": self.name, "url": self.url, **identity, **split}
 
     async def _aclose(self) -> None:
         await self._http.aclose()
@@ -297,12 +305,15 @@ class TGIBackend(BaseBackend):
         else:
             self._check_length(info, request.prompt, params.max_tokens, rid)  # type: ignore[arg-type]
             one = self._generate_once
+        tags = self.reasoning_tags
+        sent = request if tags is None else without_stops(request, self.name)  # stops end the answer only
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
         if params.n == 1:
-            outs = [await one(request, seeds[0])]
+            outs = [await one(sent, seeds[0])]
         else:
-            outs = await all_or_nothing([one(request, s) for s in seeds])
-        return GenerationResult(rid, tuple(c for c, _ in outs), prompt_tokens=outs[0][1], model=info.model_id)
+            outs = await all_or_nothing([one(sent, s) for s in seeds])
+        got = tuple(c if tags is None else split_by_tags(c, tags, params.stop) for c, _ in outs)
+        return GenerationResult(rid, got, prompt_tokens=outs[0][1], model=info.model_id)
 
     def _check_length(
         self, info: TGIInfo, text: str, max_new: int, rid: str | None, prompt_min: int = 1

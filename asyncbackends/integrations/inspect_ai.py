@@ -287,7 +287,12 @@ class AsyncBackendsAPI(ModelAPI):
         )
         response = {
             "completions": [
-                {"text": c.text, "tool_calls": [t.to_openai() for t in c.tool_calls]}
+                {
+                    "text": c.text,
+                    "reasoning": c.reasoning,
+                    "reasoning_truncated": c.reasoning_truncated,
+                    "tool_calls": [t.to_openai() for t in c.tool_calls],
+                }
                 for c in result.completions
             ],
             "usage": output.usage,

@@ -19,9 +19,12 @@ absolute imports only.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from asyncbackends._install import missing_extra
@@ -33,7 +36,7 @@ try:
     from lighteval.tasks.prompt_manager import PromptManager
     from lighteval.tasks.requests import Doc, SamplingMethod
     from lighteval.utils.cache_management import SampleCache, cached
-    from pydantic import Field
+    from pydantic import Field, field_validator
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra(exc, __name__, "lighteval", "lighteval") from exc
 
@@ -53,6 +56,7 @@ from asyncbackends._types import (
 )
 from asyncbackends.errors import ContextLengthError, InvalidRequestError
 from asyncbackends.integrations._failed_samples import FAILED_SCORE, eval_timeouts, length_failures
+from asyncbackends.integrations._thinking import answer_without_tags, check_tag_pairs
 
 __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 
@@ -98,6 +102,12 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         ignore_generation_parameters: ``generation_parameters`` fields to drop on purpose (each logged once);
             any other set field with no equivalent (``length_penalty``, ``early_stopping=True``,
             ``truncate_prompt=True``) is an error when the model is built.
+        reasoning_tags: For a backend that returns a thinking model's thought in its text: the ``(start,
+            end)`` tag pairs, as lighteval's ``--reasoning-tags`` takes them: ``"[('<think>', '</think>')]"``.
+            The thought is removed here (`answer_without_tags`), with the cases lighteval's removal misses:
+            an end tag with no start (the template opened the thought) ends it, and no end tag at all (cut
+            off by the token limit) is an empty answer. Stops then apply to the answer only. A backend that
+            splits the thinking itself (`Completion.reasoning`) needs none.
         model_definition_file_path: Where lighteval's loader finds the model class; this module by default.
     """
 
@@ -112,6 +122,19 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     max_length: int | None = None
     progress: bool = True
     ignore_generation_parameters: list[str] = Field(default_factory=list)
+    reasoning_tags: list[tuple[str, str]] | None = None
+
+    @field_validator("reasoning_tags", mode="before")
+    @classmethod
+    def _tag_pairs(cls, value: Any) -> list[tuple[str, str]] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = ast.literal_eval(value)  # lighteval's own spelling on its command line
+            except (ValueError, SyntaxError) as exc:
+                raise InvalidRequestError(f"reasoning_tags is not a list of pairs: {value!r}") from exc
+        return check_tag_pairs(value)
 
 
 class AsyncBackendsModel(LightevalModel):
@@ -240,13 +263,19 @@ class AsyncBackendsModel(LightevalModel):
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Generate ``doc.num_samples`` completions per document, one request each, in document order."""
         prompts = [self._generation_prompt(doc) for doc in docs]
+        params = [self.sampling_params(doc) for doc in docs]
+        tags = self.config.reasoning_tags
+        # A backend that cannot tell thinking from answer would end a thought at an answer-level stop: the
+        # stops then apply to the answer once the thinking is removed here.
+        split_here = bool(tags) and not self.backend.capabilities.reasoning
         requests = [
-            GenerationRequest(prompt, self.sampling_params(doc), request_id=f"generate-{index}")
-            for index, (prompt, doc) in enumerate(zip(prompts, docs, strict=True))
+            GenerationRequest(prompt, replace(p, stop=()) if split_here else p, request_id=f"generate-{i}")
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
         ]
         results: list[GenerationResult] = self._run(requests, "generate")
         responses = []
-        for prompt, doc, result in zip(prompts, docs, results, strict=True):
+        unclosed = total = 0
+        for prompt, p, doc, result in zip(prompts, params, docs, results, strict=True):
             if isinstance(result, ContextLengthError):  # a failed sample: empty answers, never the error
                 text = [""] * doc.num_samples
                 responses.append(
@@ -254,13 +283,27 @@ class AsyncBackendsModel(LightevalModel):
                 )
                 continue
             first = result.completions[0]
+            answers = [answer_without_tags(c, tags or ()) for c in result.completions]
+            unclosed += sum(a.unclosed for a in answers)
+            total += len(answers)
             responses.append(
                 ModelResponse(
                     input=_listed(prompt),
-                    text=[c.text for c in result.completions],
+                    text=[
+                        re.split("|".join(map(re.escape, p.stop)), a.text)[0] if p.stop else a.text
+                        for a in answers
+                    ],
+                    reasonings=[c.reasoning for c in result.completions],
                     output_tokens=[list(c.token_ids) for c in result.completions],
                     logprobs=list(first.logprobs or []),
                 )
+            )
+        if unclosed:
+            log.warning(
+                "%d of %d generations were cut off while thinking (the token limit came first): scored as "
+                "empty answers",
+                unclosed,
+                total,
             )
         return responses
 

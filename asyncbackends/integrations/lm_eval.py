@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .._install import missing_extra
@@ -42,6 +43,7 @@ from .._types import (
 from ..errors import ContextLengthError, InvalidRequestError
 from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
 from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
+from ._thinking import answer_after
 
 __all__ = ["MODEL_NAME", "AsyncBackendsLM", "main"]
 
@@ -97,6 +99,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         max_gen_toks: Tokens generated when a task does not say (lm-eval's default is 256).
         ignore_gen_kwargs: Generation kwargs to drop on purpose (a list, or names joined by ``|`` in
             ``--model_args``), each logged once; any other key with no equivalent is an error.
+        think_end_token: lm-eval's option for reasoning models: what ends the thinking (``"</think>"``). The
+            scored text is what follows it; a generation without it never finished thinking and scores as an
+            empty answer. A backend that splits the thinking itself (`Completion.reasoning`) needs none.
         batch_size: Given by lm-eval; an integer above 1 is the concurrency unless ``concurrency`` is set.
         max_batch_size: Given by lm-eval; ignored.
         device: Given by lm-eval; ignored (the backend decides where it runs).
@@ -115,6 +120,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         cache: str | None = None,
         max_gen_toks: int = 256,
         ignore_gen_kwargs: str | Sequence[str] = (),
+        think_end_token: str | None = None,
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
@@ -139,6 +145,10 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         names = ignore_gen_kwargs.split("|") if isinstance(ignore_gen_kwargs, str) else ignore_gen_kwargs
         self.ignore_gen_kwargs = frozenset(n.strip() for n in names if n.strip())
         self._ignored_gen_keys: set[str] = set()
+        if think_end_token is not None and (not isinstance(think_end_token, str) or not think_end_token):
+            # lm-eval's hf model also takes a token id; our backends return text, so the token's text it is.
+            raise InvalidRequestError(f"think_end_token must be the token's text, got {think_end_token!r}")
+        self.think_end_token = think_end_token
         self._warned_is_greedy = False
         # lm-eval runs multimodal tasks only on a model that says it takes images.
         self.MULTIMODAL = bool(getattr(self.backend.capabilities, "images", False))
@@ -293,28 +303,44 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
                 "capabilities.images is false): use an image-capable backend, e.g. vllm with a "
                 "vision-language model"
             )
-        batch = [
-            GenerationRequest(
-                chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
-                self.sampling_params(arg[1]),
-                request_id=f"generate-{index}",
+        # A backend that splits the thinking ends generation at a stop only once thinking has ended; one that
+        # does not would end a thought at an answer-level stop ("\n\n" inside it): as lm-eval's vllm model
+        # does, the stops then apply after the thinking is split off here.
+        split_here = self.think_end_token is not None and not self.backend.capabilities.reasoning
+        batch = []
+        for index, (arg, visual) in enumerate(zip(args, visuals, strict=True)):
+            params = self.sampling_params(arg[1])
+            batch.append(
+                GenerationRequest(
+                    chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
+                    replace(params, stop=()) if split_here else params,
+                    request_id=f"generate-{index}",
+                )
             )
-            for index, (arg, visual) in enumerate(zip(args, visuals, strict=True))
-        ]
         # Longest prompts first: the last requests to start are the short ones, so the run's tail is short.
         order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0]))
         results: list[GenerationResult] = self._run(batch, "generate_until", order)
         answers = []
-        for arg, request, result in zip([a[:2] for a in args], batch, results, strict=True):
+        unclosed = 0
+        for arg, result in zip([a[:2] for a in args], results, strict=True):
             if isinstance(result, ContextLengthError):
                 answers.append("")  # a failed sample, scored as such: never the error's text
                 continue
-            text = result.text
+            answer = answer_after(result.completions[0], self.think_end_token)
+            unclosed += answer.unclosed
+            text = answer.text
             # A backend that ignores stop strings would leak the text after them: cut as lm-eval's models do.
-            for stop in request.params.stop:
+            for stop in self.sampling_params(arg[1]).stop:
                 text = text.split(stop)[0]
             self.cache_hook.add_partial("generate_until", arg, text)
             answers.append(text)
+        if unclosed:
+            log.warning(
+                "%d of %d generations were cut off while thinking (max_gen_toks reached first): scored as "
+                "empty answers",
+                unclosed,
+                len(answers),
+            )
         return answers
 
     def close(self) -> None:
