@@ -12,6 +12,8 @@ Importing this package imports no engine: adapters import theirs when they are b
 underscore are private.
 """
 
+import inspect as _inspect
+
 from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
 from ._chat import Tool, ToolCall, image_part
@@ -115,3 +117,12 @@ __all__ = [
     "register_backend",
     "run_batch",
 ]
+
+# Public names report the package as their home, as httpx's do: reprs, tracebacks, pickles and help() say
+# ``asyncbackends.GenerationRequest``, not the private module it is written in (moving it changes nothing).
+for _name in __all__:
+    _value = globals()[_name]
+    _own = isinstance(_value, type) or _inspect.isfunction(_value)
+    if _own and _value.__module__.startswith(f"{__name__}."):
+        _value.__module__ = __name__
+del _name, _value, _own, _inspect

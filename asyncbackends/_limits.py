@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ._types import GenerationRequest, LoglikelihoodRequest, Request
 
-__all__ = ["TokenBucket", "estimated_tokens"]
+__all__ = ["RateBuckets", "TokenBucket", "estimated_tokens"]
 
 
 class TokenBucket:
@@ -41,6 +41,29 @@ class TokenBucket:
                     self.tokens -= amount
                     return
                 await asyncio.sleep((amount - self.tokens) / self.rate)
+
+
+class RateBuckets:
+    """A rate limit's buckets, requests a second and tokens a minute, and the wait for one request's share.
+
+    Args:
+        requests_per_second: Requests started per second, in bursts of up to a second's worth (at least
+            one); ``None`` for no limit.
+        tokens_per_minute: Estimated tokens per minute (`estimated_tokens`), in bursts of up to a minute's
+            worth; ``None`` for no limit.
+    """
+
+    def __init__(self, requests_per_second: float | None, tokens_per_minute: float | None) -> None:
+        rps, tpm = requests_per_second, tokens_per_minute
+        self.requests = TokenBucket(rps, max(1.0, rps)) if rps else None
+        self.tokens = TokenBucket(tpm / 60, tpm) if tpm else None
+
+    async def take(self, request: Request) -> None:
+        """Wait until ``request`` may start: one request from the first bucket, its tokens from the second."""
+        if self.requests is not None:
+            await self.requests.take(1)
+        if self.tokens is not None:
+            await self.tokens.take(estimated_tokens(request))
 
 
 _IMAGE_CHARS = 1024

@@ -14,10 +14,11 @@ import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
+from ._limits import RateBuckets
 from ._observability.callbacks import RunCallbacks
 from ._observability.run_metrics import RunMetrics
 from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption, as_timeouts
@@ -29,7 +30,10 @@ __all__ = [
     "RateLimit",
     "RetryPolicy",
     "RunOptions",
+    "RunOptionsKwargs",
     "adaptive_settings",
+    "check_limits",
+    "rate_buckets",
     "refuse_unknown_options",
 ]
 
@@ -170,10 +174,9 @@ class RunOptions:
     batch: bool = False
 
     def __post_init__(self) -> None:
-        adaptive_settings(self.concurrency)
+        check_limits(self.concurrency, self.rate_limit)
         as_timeouts(self.timeout)
         _check_type("retry", self.retry, RetryPolicy)
-        _check_type("rate_limit", self.rate_limit, RateLimit)
         _check_type("metrics", self.metrics, RunMetrics)
         _check_type("callbacks", self.callbacks, RunCallbacks)
         _check_type("cache", self.cache, (ResponseCache, str, os.PathLike))
@@ -197,22 +200,59 @@ class RunOptions:
                     raise InvalidRequestError(f"{name} has no meaning with batch=True (the provider paces)")
 
 
+def check_limits(concurrency: Concurrency, rate_limit: RateLimit | None) -> AdaptiveConcurrency | None:
+    """Check the limits a run and `ab.limited` both take; the adaptive settings asked for, if any.
+
+    Raises:
+        InvalidRequestError: ``concurrency`` is not valid (see `adaptive_settings`) or ``rate_limit`` is
+            not a `RateLimit`.
+    """
+    _check_type("rate_limit", rate_limit, RateLimit)
+    return adaptive_settings(concurrency)
+
+
+def rate_buckets(rate_limit: RateLimit | None) -> RateBuckets | None:
+    """Fresh buckets for ``rate_limit``'s rates, or ``None`` without one."""
+    if rate_limit is None:
+        return None
+    return RateBuckets(rate_limit.requests_per_second, rate_limit.tokens_per_minute)
+
+
 def _check_type(name: str, value: object, expected: type | tuple[type, ...]) -> None:
     if value is not None and not isinstance(value, expected):
         names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
         raise InvalidRequestError(f"{name} must be a {names} or None, got {type(value).__name__}")
 
 
+class RunOptionsKwargs(TypedDict, total=False):
+    """The run options `gather`, `run_batch` and `as_completed` take as ``**options`` (PEP 692).
+
+    `RunOptions`' fields but ``return_exceptions``, which each entry point names itself because it decides
+    the type of what it returns. Each is documented on `RunOptions`.
+    """
+
+    concurrency: Concurrency
+    retry: RetryPolicy | None
+    timeout: TimeoutOption
+    rate_limit: RateLimit | None
+    progress: bool | str
+    cache: ResponseCache | str | os.PathLike[str] | None
+    metrics: RunMetrics | None
+    callbacks: RunCallbacks | None
+    batch: bool
+
+
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(RunOptions))
 """The keyword arguments every gathering entry point takes."""
 
 
-def refuse_unknown_options(unknown: Mapping[str, object]) -> None:
-    """Refuse keyword arguments that are not run options, naming the closest valid one.
+def refuse_unknown_options(options: Mapping[str, object]) -> None:
+    """Refuse the keyword arguments in ``options`` that are not run options, naming the closest valid one.
 
     Raises:
-        InvalidRequestError: ``unknown`` is not empty.
+        InvalidRequestError: ``options`` holds a name that is no `RunOptions` field.
     """
+    unknown = [name for name in options if name not in OPTION_NAMES]
     if not unknown:
         return
     name = sorted(unknown)[0]

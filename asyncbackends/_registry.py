@@ -176,11 +176,19 @@ def _factory(cls: Any) -> tuple[Any, bool]:
     return cls, False
 
 
-def _parameters(factory: Any) -> list[inspect.Parameter] | None:
+def _signature(target: Any) -> list[inspect.Parameter] | None:
     try:
-        return list(inspect.signature(factory).parameters.values())
+        return list(inspect.signature(target).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: let the call itself complain
         return None
+
+
+def _parameters(cls: Any, factory: Any) -> list[inspect.Parameter] | None:
+    """The options ``factory`` takes: a ``create(**options)`` that names none takes the constructor's."""
+    params = _signature(factory)
+    if factory is not cls and params and all(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return _signature(cls)
+    return params
 
 
 _KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -199,12 +207,13 @@ def required_options(name: str) -> tuple[str, ...]:
     Raises:
         BackendNotFoundError: Unknown name, or the adapter's extra is not installed (with the pip command).
     """
-    factory, _ = _factory(_load(name))
-    return _required(_parameters(factory) or ())
+    cls = _load(name)
+    factory, _ = _factory(cls)
+    return _required(_parameters(cls, factory) or ())
 
 
-def _check_signature(name: str, factory: Any, options: Mapping[str, Any]) -> None:
-    params = _parameters(factory)
+def _check_signature(name: str, cls: Any, factory: Any, options: Mapping[str, Any]) -> None:
+    params = _parameters(cls, factory)
     if params is None:
         return
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
@@ -227,7 +236,8 @@ async def acreate_backend(name: str, /, **options: Any) -> AsyncBackend:
     """Build a backend on the shared loop and return it; awaitable from any loop.
 
     An adapter class may define an async classmethod ``create(**options)`` (for engines whose start-up is
-    asynchronous); otherwise the class is called with the options.
+    asynchronous); otherwise the class is called with the options. The options are checked against the
+    factory's parameters, the constructor's where ``create`` names none (it passes them on).
 
     Args:
         name: A registered name, or a ``"module:Class"`` target.
@@ -239,7 +249,7 @@ async def acreate_backend(name: str, /, **options: Any) -> AsyncBackend:
     """
     cls = _load(name)
     factory, is_async = _factory(cls)
-    _check_signature(name, factory, options)
+    _check_signature(name, cls, factory, options)
 
     async def build() -> AsyncBackend:
         backend = await factory(**options) if is_async else cls(**options)

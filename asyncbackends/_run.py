@@ -18,9 +18,9 @@ from typing import Any
 from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket, adaptive_limiter
 from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
-from ._limits import TokenBucket, estimated_tokens
+from ._limits import RateBuckets
 from ._observability.observe import RequestObserver, RunObserver, current_request
-from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings
+from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
 from ._timeouts import as_timeouts, set_idle_timeout
@@ -77,15 +77,7 @@ class Run:
         self.return_exceptions = options.return_exceptions
         self.metrics = options.metrics
         self.progress = options.progress
-        self.rps = self.tpm = None
-        rate_limit = options.rate_limit
-        if rate_limit is not None:
-            if rate_limit.requests_per_second:
-                rps = rate_limit.requests_per_second
-                self.rps = TokenBucket(rps, max(1.0, rps))
-            if rate_limit.tokens_per_minute:
-                tpm = rate_limit.tokens_per_minute
-                self.tpm = TokenBucket(tpm / 60, tpm)
+        self.rates: RateBuckets | None = rate_buckets(options.rate_limit)
         self.bar: Any = None
         self.indices = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
@@ -318,12 +310,9 @@ class Run:
                 self.metrics.cache_read_failures += 1
         attempt = 1
         while True:
-            if self.rps is not None or self.tpm is not None:
+            if self.rates is not None:
                 waiting = time.perf_counter() if watched is not None else 0.0
-                if self.rps is not None:
-                    await self.rps.take(1)
-                if self.tpm is not None:
-                    await self.tpm.take(estimated_tokens(request))
+                await self.rates.take(request)
                 if watched is not None:
                     watched.rate_waited(time.perf_counter() - waiting)
             error: BackendError

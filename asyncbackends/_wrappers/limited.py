@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from .._adaptive import AdaptiveConcurrency, AdaptiveLimiter, ChangeReason, adaptive_limiter
 from .._clock import held_slot, waiting_for_slot
-from .._limits import TokenBucket, estimated_tokens
+from .._limits import RateBuckets
 from .._loop import get_loop_manager
-from .._options import Concurrency, RateLimit, adaptive_settings
+from .._options import Concurrency, RateLimit, check_limits, rate_buckets
 from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
 from .._timeouts import TimeoutOption, Timeouts, as_timeouts, set_idle_timeout
 from .._types import (
@@ -31,7 +31,7 @@ from .._types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from ..errors import BackendTimeoutError, InvalidRequestError
+from ..errors import BackendTimeoutError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 
@@ -60,12 +60,8 @@ class LimitedBackend(Closing):
         rate_limit: RateLimit | None = None,
         timeout: TimeoutOption = None,
     ) -> None:
-        self._adaptive = adaptive_settings(concurrency)
+        self._adaptive = check_limits(concurrency, rate_limit)
         self.timeout: Timeouts | None = None if timeout is None else as_timeouts(timeout)
-        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise InvalidRequestError(
-                f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}"
-            )
         self.backend = backend
         self.concurrency = concurrency
         self.rate_limit = rate_limit
@@ -74,8 +70,7 @@ class LimitedBackend(Closing):
         # Loop-bound: made on first use, on the loop that serves the requests.
         self._slots: asyncio.Semaphore | None = None
         self._limiter: AdaptiveLimiter | None = None
-        self._rps: TokenBucket | None = None
-        self._tpm: TokenBucket | None = None
+        self._rates: RateBuckets | None = None
         self._ready = False
 
     def __repr__(self) -> str:
@@ -94,11 +89,7 @@ class LimitedBackend(Closing):
             self._limiter = adaptive_limiter(self.backend, self._adaptive)
         elif isinstance(self.concurrency, int):
             self._slots = asyncio.Semaphore(self.concurrency)
-        rate = self.rate_limit
-        if rate is not None and rate.requests_per_second:
-            self._rps = TokenBucket(rate.requests_per_second, max(1.0, rate.requests_per_second))
-        if rate is not None and rate.tokens_per_minute:
-            self._tpm = TokenBucket(rate.tokens_per_minute / 60, rate.tokens_per_minute)
+        self._rates = rate_buckets(self.rate_limit)
         self._ready = True
 
     async def _within_limits(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
@@ -109,13 +100,10 @@ class LimitedBackend(Closing):
     async def _limited(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
         if not self._ready:
             self._make_state()
-        if self._rps is not None or self._tpm is not None:
+        if self._rates is not None:
             # Rate tokens first, while holding nothing: the wait is untimed and blocks no slot.
             async with waiting_for_slot():
-                if self._rps is not None:
-                    await self._rps.take(1)
-                if self._tpm is not None:
-                    await self._tpm.take(estimated_tokens(request))
+                await self._rates.take(request)
         if self.timeout is not None:
             call = self._timed(call, self.timeout)
         if self._limiter is not None:

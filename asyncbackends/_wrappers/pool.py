@@ -48,10 +48,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._adaptive import AdaptiveConcurrency
 from .._loop import get_loop_manager
+from .._registry import acreate_backend, check_options
 from .._routing._routed import RoutedBackend
 from .._routing.replica import Replica
+from .._routing.router import OPTIONS as ROUTER_OPTIONS
 from .._routing.router import Router
 from .._types import Request
 from ..errors import InvalidRequestError
@@ -139,47 +140,38 @@ class PoolBackend(RoutedBackend):
         *,
         replicas: Sequence[Mapping[str, Any] | Any] | str | os.PathLike[str],
         routing: str | None = None,
-        cooldown: float | None = None,
-        max_cooldown: float | None = None,
-        wait: float | None = None,
-        probe_timeout: float | None = None,
-        affinity_chars: int | None = None,
-        affinity_slack: float | None = None,
-        replica_concurrency: str | AdaptiveConcurrency | None = None,
+        **router_options: Any,
     ) -> PoolBackend:
         """Build every replica, then the pool, and check the replicas serve one model.
 
         ``replicas`` is a list of ``{"backend": name, **options}`` (or backend objects), or a replicas file.
         Options given here override the replicas file's (``replica_concurrency = "adaptive"`` in a file).
 
+        Args:
+            replicas: The replicas, or a replicas file.
+            routing: ``"least_loaded"`` (default) or ``"affinity"``.
+            **router_options: `Router` options, as `PoolBackend` takes them (``None`` leaves one unset).
+
         Raises:
-            InvalidRequestError: Bad replicas, or replicas serving different models (nothing sent).
+            InvalidRequestError: Bad replicas, an unknown option, or replicas serving different models
+                (nothing sent).
         """
+        known = ("routing", *ROUTER_OPTIONS)
+        check_options(cls.name, router_options, known)
         options: dict[str, Any] = {}
         if isinstance(replicas, (str, os.PathLike)):
             data = load_replicas_file(replicas)
             replicas = data.pop("replicas")
             options.update(data)
-        given = dict(
-            routing=routing,
-            cooldown=cooldown,
-            max_cooldown=max_cooldown,
-            wait=wait,
-            probe_timeout=probe_timeout,
-            affinity_chars=affinity_chars,
-            affinity_slack=affinity_slack,
-            replica_concurrency=replica_concurrency,
-        )
+        given = {"routing": routing, **router_options}
         options.update({k: v for k, v in given.items() if v is not None})
-        unknown = set(options) - set(given)
+        unknown = set(options) - set(known)
         if unknown:
             raise InvalidRequestError(f"unknown pool option(s) in the replicas file: {sorted(unknown)}")
         if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence) or not replicas:
             raise InvalidRequestError(
                 "replicas must be a non-empty list of {'backend': name, ...} or a file path"
             )
-        from .._registry import acreate_backend
-
         built: list[Any] = []
         capacities: list[int | None] = []
         labels: list[str | None] = []

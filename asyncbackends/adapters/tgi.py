@@ -178,42 +178,22 @@ class TGIBackend(BaseBackend):
         return f"TGIBackend(url={self.url!r})"
 
     @classmethod
-    async def create(
-        cls,
-        *,
-        url: str,
-        token: str | Secret | bool | None = None,
-        timeout: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        max_connections: int = 256,
-        max_concurrency: int | None = None,
-        tokenizer: Any = None,
-        payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
-        reasoning_tags: tuple[str, str] | None = None,
-    ) -> TGIBackend:
+    async def create(cls, **options: Any) -> TGIBackend:
         """Build the backend and read ``GET /info`` (the model served: the cache key) before any request.
 
         A server that does not answer yet (still starting), or not within 3 s, is not an error here:
         ``/info`` is then read before the first request is sent, and until it is the fingerprint matches no
         other backend's, so a response cache serves nothing from another model. (The bound also keeps a
-        blocking ``create_backend`` from waiting on a server served by the calling thread's own loop.) The
-        arguments are the constructor's.
+        blocking ``create_backend`` from waiting on a server served by the calling thread's own loop.)
+
+        Args:
+            **options: The constructor's (`create_backend` checks them against its signature).
 
         Raises:
             AuthenticationError: The server refused the token.
             InvalidRequestError: An invalid option.
         """
-        backend = cls(
-            url=url,
-            token=token,
-            timeout=timeout,
-            headers=headers,
-            max_connections=max_connections,
-            max_concurrency=max_concurrency,
-            tokenizer=tokenizer,
-            payload_limit=payload_limit,
-            reasoning_tags=reasoning_tags,
-        )
+        backend = cls(**options)
         try:
             await asyncio.wait_for(backend.info(), _BUILD_INFO_TIMEOUT)
         except AuthenticationError:

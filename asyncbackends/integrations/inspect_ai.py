@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from asyncbackends._install import pip_install
+from asyncbackends._install import missing_extra
 
 try:
     from inspect_ai.model import (
@@ -42,11 +42,7 @@ try:
     from tenacity import RetryCallState
     from tenacity.wait import wait_base, wait_exponential_jitter
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
-    raise ModuleNotFoundError(
-        f"asyncbackends.integrations.inspect_ai needs inspect_ai ({exc.name!r} is missing): "
-        + pip_install("inspect"),
-        name=exc.name,
-    ) from exc
+    raise missing_extra(exc, __name__, "inspect_ai", "inspect") from exc
 
 from asyncbackends._loop import get_loop_manager
 from asyncbackends._options import DEFAULT_CONCURRENCY
@@ -81,8 +77,9 @@ _NO_MODEL = (
 
 def _accepted(backend: str) -> set[str] | None:
     """The option names ``backend``'s factory takes, or ``None`` where it takes any (``**options``)."""
-    factory, _ = _factory(_load(backend))
-    params = _parameters(factory) or []
+    cls = _load(backend)
+    factory, _ = _factory(cls)
+    params = _parameters(cls, factory) or []
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params}

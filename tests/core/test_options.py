@@ -16,9 +16,10 @@ import pytest
 
 import asyncbackends as ab
 import asyncbackends._limits as limits_module
+import asyncbackends._options as options_module
 import asyncbackends._run as run_module
 from asyncbackends._limits import TokenBucket, estimated_tokens
-from asyncbackends._options import OPTION_NAMES, RunOptions, refuse_unknown_options
+from asyncbackends._options import OPTION_NAMES, RunOptions, RunOptionsKwargs, refuse_unknown_options
 from asyncbackends.adapters.mock import MockBackend
 
 
@@ -28,10 +29,21 @@ def requests(n: int) -> list[ab.GenerationRequest]:
 
 def test_the_entry_points_take_exactly_the_run_options() -> None:
     import inspect
+    import typing
 
+    # The TypedDict the entry points unpack holds RunOptions' fields, typed alike, but return_exceptions,
+    # which each entry point names itself: a field added to RunOptions and not to it fails here.
+    # RunOptions reports the package as its module: its annotations are read in the module that writes them.
+    fields = typing.get_type_hints(RunOptions, vars(options_module))
+    unpacked = typing.get_type_hints(RunOptionsKwargs)
+    assert set(unpacked) | {"return_exceptions"} == set(OPTION_NAMES)
+    assert unpacked == {name: fields[name] for name in unpacked}
     for entry in (ab.gather, ab.run_batch, ab.as_completed):
-        keywords = [p.name for p in inspect.signature(entry).parameters.values() if p.kind is p.KEYWORD_ONLY]
-        assert tuple(keywords) == OPTION_NAMES, entry.__name__
+        parameters = inspect.signature(entry).parameters.values()
+        keywords = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+        assert keywords == ["return_exceptions"], entry.__name__
+        (options,) = [p for p in parameters if p.kind is p.VAR_KEYWORD]
+        assert typing.get_type_hints(entry)[options.name] == typing.Unpack[RunOptionsKwargs], entry.__name__
 
 
 @pytest.mark.parametrize(

@@ -168,3 +168,24 @@ def test_the_extension_surface_names_what_it_exports() -> None:
     public = {n for n, v in vars(abc_module).items() if not n.startswith("_") and not inspect.ismodule(v)}
     assert set(abc_module.__all__) == public
     assert abc_module.AsyncBackend is ab.AsyncBackend and abc_module.ReplicaStats is ab.ReplicaStats
+
+
+def test_public_names_report_the_package_as_their_module() -> None:
+    import pickle
+
+    named = {
+        n: getattr(ab, n)
+        for n in ab.__all__
+        if inspect.isclass(getattr(ab, n)) or inspect.isfunction(getattr(ab, n))
+    }
+    assert len(named) > 40
+    assert {n: v.__module__ for n, v in named.items() if v.__module__ != "asyncbackends"} == {}
+    assert repr(ab.GenerationRequest) == "<class 'asyncbackends.GenerationRequest'>"
+    # Pickles name the public path, so moving a private module breaks no stored pickle.
+    request = ab.GenerationRequest("x", request_id="r")
+    error = ab.RateLimitedError("slow down", backend="b", retry_after=2.0)
+    for value in (request, error):
+        blob = pickle.dumps(value)
+        assert b"asyncbackends._" not in blob
+        back = pickle.loads(blob)
+        assert type(back) is type(value) and repr(back) == repr(value)

@@ -27,9 +27,18 @@ class _CreatesAsync:
         raise AssertionError("never built: the options are refused first")
 
 
+class _CreatesForTheConstructor(_NeedsTwo):
+    """A stand-in whose async ``create`` names no option: it passes them to the constructor."""
+
+    @classmethod
+    async def create(cls, **options: Any) -> Any:
+        raise AssertionError("never built: the options are refused first")
+
+
 def test_required_options_reads_the_factory() -> None:
     assert required_options(f"{__name__}:_NeedsTwo") == ("url", "model")
     assert required_options(f"{__name__}:_CreatesAsync") == ("model",)
+    assert required_options(f"{__name__}:_CreatesForTheConstructor") == ("url", "model")
     assert required_options("mock") == ()
     assert required_options("tgi") == ("url",)
 
@@ -41,6 +50,8 @@ def test_required_options_reads_the_factory() -> None:
         ("_NeedsTwo", {}, "needs option(s) 'url', 'model'"),
         ("_CreatesAsync", {"dtype": "float32"}, "needs option(s) 'model'"),
         ("_NeedsTwo", {"ulr": "x", "model": "m"}, "'ulr' (did you mean 'url'?)"),  # the typo is named first
+        ("_CreatesForTheConstructor", {"url": "x"}, "needs option(s) 'model'"),
+        ("_CreatesForTheConstructor", {"url": "x", "model": "m", "timeot": 1}, "'timeot' (did you mean"),
     ],
 )
 def test_create_backend_refuses_missing_options(target: str, options: dict[str, Any], message: str) -> None:

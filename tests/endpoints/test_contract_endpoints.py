@@ -1,23 +1,22 @@
 """The adapter contract suite against the endpoints adapter: the Endpoints API look-alike in front of the TGI
-look-alike, with huggingface_hub pointed at it. Both serve on the shared loop (the suite's tests are sync)."""
+look-alike, with huggingface_hub pointed at it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.testing._fake_tgi.model import FakeModel
-from asyncbackends.testing.contract import BackendContract
 from asyncbackends.testing.fake_endpoints import FakeEndpointsAPI
-from asyncbackends.testing.fake_tgi import FakeTGIServer
+
+from ..lookalike_contract import LookAlikeContract, start_lookalike, stop_lookalike
 
 SECRET = "hf_ENDPOINTScontract_0123456789"
 
 
-class TestEndpointsContract(BackendContract):
-    cancel_after = 0.02  # the upstream look-alike's latency keeps every request in flight 50 ms
+class TestEndpointsContract(LookAlikeContract):
+    SECRET = SECRET
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -25,7 +24,7 @@ class TestEndpointsContract(BackendContract):
         from huggingface_hub import constants
 
         manager = ab.get_loop_manager()
-        tgi = manager.run(FakeTGIServer(latency=0.05, check_schema=False, record=False).start())
+        tgi = start_lookalike()
         api = manager.run(FakeEndpointsAPI(upstream=tgi.url, token=SECRET).__aenter__())
         api.add("contract-ep")
         with pytest.MonkeyPatch.context() as patch:
@@ -33,7 +32,7 @@ class TestEndpointsContract(BackendContract):
             patch.setattr(constants, "INFERENCE_ENDPOINTS_ENDPOINT", api.url + "/v2")
             yield api
         manager.run(api.__aexit__(None, None, None))
-        manager.run(tgi.stop())
+        stop_lookalike(tgi)
 
     def _build(self, name: str = "contract-ep") -> ab.AsyncBackend:
         return ab.create_backend("endpoints", name=name, token=SECRET, poll_interval=0.02, wait_timeout=10.0)
@@ -54,15 +53,3 @@ class TestEndpointsContract(BackendContract):
         return lambda limit: ab.create_backend(
             "endpoints", name="contract-ep", token=SECRET, poll_interval=0.02, max_connections=limit
         )
-
-    @pytest.fixture
-    def rejected_requests(self) -> list[ab.GenerationRequest]:
-        return [ab.GenerationRequest("x" * 5000, ab.SamplingParams(max_tokens=4), request_id="too-long")]
-
-    @pytest.fixture
-    def secret(self) -> str:
-        return SECRET
-
-    @pytest.fixture
-    def decode(self) -> Callable[[Sequence[int]], str]:
-        return lambda ids: "".join(FakeModel.token_text(i) for i in ids)

@@ -56,6 +56,21 @@ def test_options_are_checked() -> None:
         ab.pool([MockBackend(model="a"), MockBackend(model="b")])
 
 
+def test_create_takes_the_router_options_the_pool_takes() -> None:
+    # create names no router option itself: each of the router's is taken, a misspelled one refused by name.
+    replicas = [{"backend": "mock"}, {"backend": "mock"}]
+    with pytest.raises(ab.InvalidRequestError, match=r"'cooldwn' \(did you mean 'cooldown'"):
+        ab.create_backend("pool", replicas=replicas, cooldwn=1)
+    with pytest.raises(ab.InvalidRequestError, match="affinity_slack must be"):
+        ab.create_backend("pool", replicas=replicas, affinity_slack=0.5)
+    backend = ab.create_backend("pool", replicas=replicas, routing="affinity", seed=0, cooldown=7, wait=0.5)
+    try:
+        assert isinstance(backend, PoolBackend) and backend.routing == "affinity"
+        assert backend.router.cooldown == 7 and backend.router.wait == 0.5
+    finally:
+        backend.close()
+
+
 def test_a_dead_replica_costs_no_result() -> None:
     dead = MockBackend(failure_rate=1.0, failure="broken")
     alive = MockBackend()

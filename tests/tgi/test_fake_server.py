@@ -170,3 +170,21 @@ def test_spec_leniency_only_for_seed() -> None:
         openapi.schema_errors(params, {"temperature": 0}) != []
         and openapi.schema_errors(params, {"top_k": None}) == []
     )
+
+
+def test_the_command_line_serves_the_options_it_was_given() -> None:
+    import subprocess
+    import sys
+    import urllib.request
+
+    command = [sys.executable, "-m", "asyncbackends.testing.fake_tgi", "--model-id", "cli-model"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once it serves
+        assert line.startswith("listening on http://127.0.0.1:"), line + process.stderr.read()
+        with urllib.request.urlopen(line.split()[-1] + "/info", timeout=30) as response:
+            assert json.loads(response.read())["model_id"] == "cli-model"
+    finally:
+        process.kill()
+        process.communicate()

@@ -1,8 +1,8 @@
 """The plan behind ``create_backend("vllm", engines=N)``: options, devices, memory split, which engines start
 at once, the auto rule.
 
-No engine starts here: `create_engines` is run with a stand-in for one engine's build, so what each engine
-would be started with (its options and environment) is read directly.
+No engine starts here: `VLLMBackend._start_engines` runs on a subclass whose one-engine build (`_build`)
+starts nothing, so what each engine would be started with (its options and environment) is read directly.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.adapters.vllm import VLLMBackend
 from asyncbackends.adapters.vllm import _checks as _vllm_checks
-from asyncbackends.adapters.vllm import _engine_plan as _vllm_engines
 from asyncbackends.adapters.vllm._engine_plan import (
     auto_engines,
     check_engines,
@@ -24,6 +24,7 @@ from asyncbackends.adapters.vllm._engine_plan import (
     start_waves,
     visible_devices,
 )
+from asyncbackends.adapters.vllm._engine_pool import VLLMEnginesBackend
 from asyncbackends.errors import InvalidRequestError
 
 GIB = 1 << 30
@@ -192,8 +193,8 @@ class _Built:
         self.closed = True
 
 
-class _Adapter:
-    """Stands for `VLLMBackend` in `create_engines`: its `_build` starts nothing."""
+class _Adapter(VLLMBackend):
+    """`VLLMBackend` whose one-engine build starts nothing."""
 
     built: list[_Built]
 
@@ -220,18 +221,18 @@ def _create(
     **args: Any,
 ) -> Any:
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: cpu)
-    monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 2)
+    monkeypatch.setattr(_vllm_checks, "_device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
     _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
-    return asyncio.run(_vllm_engines.create_engines(_Adapter, "/models/x", engines, routing, dict(args)))
+    return asyncio.run(_Adapter._start_engines("/models/x", engines, routing, dict(args), {}))
 
 
-def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backend(
+def test_the_engines_start_each_engine_from_its_plan_behind_one_routed_backend(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     backend = _create(monkeypatch, 4, "affinity", gpu_memory_utilization=0.8)
     try:
-        assert isinstance(backend, _vllm_engines.VLLMEnginesBackend)
+        assert isinstance(backend, VLLMEnginesBackend)
         assert backend.name == "vllm" and backend.routing == "affinity"
         assert [s.label for s in backend.replica_stats()] == ["engine-0", "engine-1", "engine-2", "engine-3"]
         assert backend.engines == _Adapter.built
@@ -277,10 +278,10 @@ def test_auto_on_a_small_model_builds_six_engines_a_gpu(
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_1B))
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
-    monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 1)
+    monkeypatch.setattr(_vllm_checks, "_device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
-    backend = asyncio.run(_vllm_engines.create_engines(_Adapter, str(tmp_path), "auto", None, {}))
+    backend = asyncio.run(_Adapter._start_engines(str(tmp_path), "auto", None, {}, {}))
     try:
         assert len(backend.engines) == 6
         assert [b.options["gpu_memory_utilization"] for b in _Adapter.built] == [pytest.approx(0.92 / 6)] * 6
@@ -308,7 +309,7 @@ def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: p
     # Compiling on a CPU: engine-0 alone, then engines 1 and 2 together; engine 2 fails, engine 1 started.
     _Failing.built, _Failing.groups, _Failing.labels = [], [], []
     with pytest.raises(ab.BackendBrokenError, match="no memory left"):
-        asyncio.run(_vllm_engines.create_engines(_Failing, "/models/x", 3, None, {}))
+        asyncio.run(_Failing._start_engines("/models/x", 3, None, {}, {}))
     assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
     assert _Failing.groups[0] is None and _Failing.groups[1] is not None
 
@@ -348,7 +349,7 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
     async def give_up() -> None:
         _OneHangs.others_up, _OneHangs.given_up = asyncio.Event(), asyncio.Event()
         task = asyncio.ensure_future(
-            _vllm_engines.create_engines(_OneHangs, "/models/x", 3, None, {"enforce_eager": True})
+            _OneHangs._start_engines("/models/x", 3, None, {"enforce_eager": True}, {})
         )
         await _OneHangs.others_up.wait()
         task.cancel()

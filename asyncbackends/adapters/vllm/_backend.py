@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -51,9 +52,19 @@ from ...errors import (
 from .._checkpoint import checkpoint_fields
 from .._lengths import says_context_length
 from .._scoring import aplan_loglikelihood, plan_rolling, scored_result
+from . import _checks
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._checks import check_before_import, engine_defaults, import_vllm
-from ._engine_plan import VLLMEnginesBackend, check_engines, create_engines
+from ._engine_plan import (
+    EnginePlan,
+    auto_engines,
+    check_engines,
+    plan_engines,
+    read_config,
+    start_waves,
+    visible_devices,
+)
+from ._engine_pool import VLLMEnginesBackend
 from ._restart import DEFAULT_MAX_RESTARTS, EngineDied, EngineRestarts, check_max_restarts
 from ._text_encoder import TextEncoder
 
@@ -205,11 +216,80 @@ class VLLMBackend(BaseBackend):
         if count != 1:
             check_before_import(cls.name, model, engine_args)
             await asyncio.to_thread(import_vllm, globals())
-            several: VLLMBackend | VLLMEnginesBackend = await create_engines(
-                cls, model, count, routing, engine_args, chat
-            )
-            return several
+            return await cls._start_engines(model, count, routing, engine_args, chat)
         return await cls._build(model, engine_args, env=None, **chat)
+
+    @classmethod
+    async def _start_engines(
+        cls,
+        model: str,
+        engines: int | str,
+        routing: str | None,
+        engine_args: dict[str, Any],
+        chat: Mapping[str, Any],
+    ) -> VLLMBackend | VLLMEnginesBackend:
+        """Several engines, started wave by wave as `_engine_plan` plans them, then the pool over them.
+
+        ``"auto"`` picking one engine builds the plain backend. If an engine fails to start, the others of its
+        wave finish starting; then every started engine is closed and the first failure raised (the others
+        noted on it). If the caller gives up (cancellation), the starts under way are cancelled (each shuts
+        its engine down once built) and the engines already started are closed.
+        """
+        cpu = _checks._on_cpu()
+        devices = [] if cpu else visible_devices(os.environ, _checks._device_count())
+        if engines == "auto":
+            count = auto_engines(read_config(model), on_cpu=cpu, gpus=len(devices))
+            if count == 1:
+                return await cls._build(model, engine_args, env=None, **chat)
+        else:
+            count = int(engines)
+        options = {**engine_defaults(engine_args), **engine_args}
+        plans = plan_engines(count, options, environ=os.environ, on_cpu=cpu, devices=devices)
+        built: dict[str, VLLMBackend] = {}
+        try:
+            for wave in start_waves(plans, on_cpu=cpu):
+                await cls._start_wave(model, wave, chat, built)
+            backend = VLLMEnginesBackend(
+                [built[p.label] for p in plans],
+                routing=routing or "least_loaded",
+                labels=[p.label for p in plans],
+            )
+        except BaseException:
+            for engine in built.values():
+                await engine.aclose()
+            raise
+        try:
+            await backend.ready()
+        except BaseException:
+            await backend.aclose()
+            raise
+        return backend
+
+    @classmethod
+    async def _start_wave(
+        cls, model: str, wave: list[EnginePlan], chat: Mapping[str, Any], built: dict[str, VLLMBackend]
+    ) -> None:
+        """Start a wave's engines at once (one start-gate group), adding each started one to ``built``."""
+        group = object() if len(wave) > 1 else None  # the token the wave's starts share (`start_engine`)
+        tasks = [
+            asyncio.ensure_future(
+                cls._build(model, p.options, env=p.env, start_group=group, label=f"vllm {p.label}", **chat)
+            )
+            for p in wave
+        ]
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            for plan, task in zip(wave, tasks, strict=True):
+                if not task.done():
+                    task.cancel()  # the caller gave up: the start shuts its engine down once built
+                elif not task.cancelled() and task.exception() is None:
+                    built[plan.label] = task.result()
+        failed = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
+        if failed:
+            for other in failed[1:]:
+                failed[0].add_note(f"another engine failed to start too: {other!r}")
+            raise failed[0]
 
     @classmethod
     async def _build(

@@ -167,6 +167,12 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def _device_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
 def import_vllm(namespace: dict[str, Any]) -> None:
     """Import vLLM and bind the names the adapter uses in ``namespace`` (its module's globals)."""
     # vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``

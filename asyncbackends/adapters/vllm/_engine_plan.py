@@ -6,9 +6,10 @@ engines, busy 97-98%, ran 1.7-2.9x its speed; an 8B-shaped one ran 0.90x with 2)
 replicas of a `PoolBackend` (its router, failover, ``affinity`` routing, `replica_stats`), labelled
 ``engine-0``, ``engine-1``...
 
-This module holds the plan (pure, tested without vLLM): which device each engine gets, how the user's memory
-settings are split, which engines may start at once, and what ``engines="auto"`` picks; and the building of
-the engines from that plan.
+This module holds the plan, as pure functions tested without vLLM or a device: which device each engine gets,
+how the user's memory settings are split, which engines may start at once, what ``engines="auto"`` picks and
+the parameter estimate it rests on. `VLLMBackend.create` (`_backend`) starts the engines from the plan and
+`VLLMEnginesBackend` (`_engine_pool`) routes over them.
 
 Start-up: engines start at once where vLLM allows it (`start_waves`), which is on a CPU only. On a GPU vLLM's
 start-up is not safe to overlap within one process: its launcher sets ``OMP_NUM_THREADS`` around each
@@ -28,27 +29,25 @@ GiB, it is turned into each engine's ``kv_cache_memory_bytes`` and hidden from t
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..._wrappers.pool import PoolBackend
 from ...errors import InvalidRequestError
 
 __all__ = [
     "AUTO_ENGINES_PER_GPU",
     "AUTO_MAX_PARAMETERS",
     "EnginePlan",
-    "VLLMEnginesBackend",
     "auto_engines",
     "check_engines",
     "estimate_parameters",
     "plan_engines",
+    "read_config",
     "start_waves",
+    "visible_devices",
 ]
 
 AUTO_MAX_PARAMETERS = 1.5e9
@@ -233,112 +232,3 @@ def auto_engines(config: Mapping[str, Any] | None, *, on_cpu: bool, gpus: int) -
         return 1
     per_gpu = AUTO_ENGINES_PER_GPU if parameters <= AUTO_MAX_PARAMETERS else 1
     return per_gpu * gpus
-
-
-class VLLMEnginesBackend(PoolBackend):
-    """Several ``vllm`` engines of one model behind one backend (see the module docstring).
-
-    Its fingerprint is one engine's: the engines give the same greedy results as one, so one response cache
-    serves any number of engines.
-    """
-
-    name = "vllm"
-
-    @property
-    def engines(self) -> list[Any]:
-        """The engines' `VLLMBackend` objects, ``engine-0`` first."""
-        return [replica.backend for replica in self.router.replicas]
-
-    @property
-    def restarts(self) -> int:
-        """How many times an engine was started again after its engine core died, all engines together."""
-        return sum(int(engine.restarts) for engine in self.engines)
-
-    @property
-    def fingerprint(self) -> dict[str, Any]:
-        """One engine's fingerprint (the model, its files, the options that change outputs)."""
-        fingerprint: dict[str, Any] = self.engines[0].fingerprint
-        return fingerprint
-
-    def __repr__(self) -> str:
-        return f"VLLMEnginesBackend({self.model!r}, engines={len(self.engines)}, routing={self.routing!r})"
-
-
-async def create_engines(
-    cls: Any,
-    model: str,
-    engines: int | str,
-    routing: str | None,
-    engine_args: dict[str, Any],
-    chat: Mapping[str, Any] | None = None,
-) -> Any:
-    """Build the engines from the plan, wave by wave (`start_waves`), then the pool over them.
-
-    See `VLLMBackend.create`. If an engine fails to start, the others of its wave finish starting; then every
-    started engine is closed and the first failure raised (the others noted on it). If the caller gives up
-    (cancellation), the starts under way are cancelled (each shuts its engine down once built) and the
-    engines already started are closed.
-    """
-    from ._checks import _on_cpu, engine_defaults
-
-    cpu = _on_cpu()
-    devices = [] if cpu else visible_devices(os.environ, _device_count())
-    if engines == "auto":
-        count = auto_engines(read_config(model), on_cpu=cpu, gpus=len(devices))
-        if count == 1:
-            return await cls._build(model, engine_args, env=None, **(chat or {}))
-    else:
-        count = int(engines)
-    options = {**engine_defaults(engine_args), **engine_args}
-    plans = plan_engines(count, options, environ=os.environ, on_cpu=cpu, devices=devices)
-    built: dict[str, Any] = {}
-    try:
-        for wave in start_waves(plans, on_cpu=cpu):
-            await _start_wave(cls, model, wave, chat or {}, built)
-        backend = VLLMEnginesBackend(
-            [built[p.label] for p in plans],
-            routing=routing or "least_loaded",
-            labels=[p.label for p in plans],
-        )
-    except BaseException:
-        for engine in built.values():
-            await engine.aclose()
-        raise
-    try:
-        await backend.ready()
-    except BaseException:
-        await backend.aclose()
-        raise
-    return backend
-
-
-async def _start_wave(
-    cls: Any, model: str, wave: list[EnginePlan], chat: Mapping[str, Any], built: dict[str, Any]
-) -> None:
-    """Start a wave's engines at once (one start-gate group), adding each started one to ``built``."""
-    group = object() if len(wave) > 1 else None  # the token the wave's starts share (`start_engine`)
-    tasks = [
-        asyncio.ensure_future(
-            cls._build(model, p.options, env=p.env, start_group=group, label=f"vllm {p.label}", **chat)
-        )
-        for p in wave
-    ]
-    try:
-        await asyncio.wait(tasks)
-    finally:
-        for plan, task in zip(wave, tasks, strict=True):
-            if not task.done():
-                task.cancel()  # the caller gave up: the start shuts its engine down once built
-            elif not task.cancelled() and task.exception() is None:
-                built[plan.label] = task.result()
-    failed = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
-    if failed:
-        for other in failed[1:]:
-            failed[0].add_note(f"another engine failed to start too: {other!r}")
-        raise failed[0]
-
-
-def _device_count() -> int:
-    import torch
-
-    return int(torch.cuda.device_count())
