@@ -100,26 +100,32 @@ def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
 
 def parse_completions(
     body: Any, *, chat: bool, logprobs: bool
-) -> tuple[tuple[Completion, ...], int | None, str | None]:
-    """The completions in ``index`` order, the prompt's token count and the model that answered."""
+) -> tuple[tuple[Completion, ...], int | None, int | None, str | None]:
+    """The completions in ``index`` order, the prompt's and their token counts, and the model that answered.
+
+    The counts are the server's ``usage`` (``None`` where it gives none).
+    """
     choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
     completions = tuple(_completion(c, chat, logprobs) for c in choices)
     usage = body.get("usage") or {}
-    return completions, usage.get("prompt_tokens"), body.get("model") or None
+    return completions, usage.get("prompt_tokens"), usage.get("completion_tokens"), body.get("model") or None
 
 
 def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
     text = (choice["message"].get("content") or "") if chat else choice["text"]
     logprobs = None
+    texts: tuple[str, ...] = ()
     lp = choice.get("logprobs")
     if want_logprobs and lp:
         values = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
         if all(v is not None for v in values):
             logprobs = tuple(float(v) for v in values)
+            # The server names each token by its text: kept, since most servers send no token ids.
+            texts = tuple(t["token"] for t in lp["content"]) if chat else tuple(lp["tokens"])
     token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
     calls = (choice["message"].get("tool_calls") or ()) if chat else ()
     tool_calls = tuple(ToolCall.from_openai(call) for call in calls)
-    return Completion(text, token_ids, logprobs, choice.get("finish_reason"), tool_calls)
+    return Completion(text, token_ids, logprobs, choice.get("finish_reason"), tool_calls, token_texts=texts)
 
 
 def echo_payload(model: str, plan: ScoringPlan) -> dict[str, Any]:

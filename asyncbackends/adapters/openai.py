@@ -282,7 +282,9 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         body = await self._post("/chat/completions" if chat else "/completions", payload, rid)
         try:
-            completions, prompt_tokens, model = parse_completions(body, chat=chat, logprobs=params.logprobs)
+            completions, prompt_tokens, generated, model = parse_completions(
+                body, chat=chat, logprobs=params.logprobs
+            )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise self._malformed(rid, exc) from exc
         if len(completions) != params.n:
@@ -292,7 +294,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
                 request_id=rid,
                 retryable=False,
             )
-        return GenerationResult(rid, completions, prompt_tokens, model or self.model)
+        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated)
 
     # -- wire ----------------------------------------------------------------------------------------
 

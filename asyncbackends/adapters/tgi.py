@@ -68,6 +68,8 @@ from ._tgi_wire import (
 __all__ = ["TGIBackend"]
 
 T = TypeVar("T")
+# One call's completion, prompt tokens and generated tokens (each count None where the server gave none).
+_Once = tuple[Completion, int | None, int | None]
 log = logging.getLogger(__name__)
 # How long building waits for /info before leaving it to the first request.
 _BUILD_INFO_TIMEOUT = 3.0
@@ -297,7 +299,14 @@ class TGIBackend(BaseBackend):
             outs = [await one(request, seeds[0])]
         else:
             outs = await all_or_nothing([one(request, s) for s in seeds])
-        return GenerationResult(rid, tuple(c for c, _ in outs), prompt_tokens=outs[0][1], model=info.model_id)
+        counted = [generated for _, _, generated in outs if generated is not None]
+        return GenerationResult(
+            rid,
+            tuple(c for c, _, _ in outs),
+            prompt_tokens=outs[0][1],
+            model=info.model_id,
+            generated_tokens=sum(counted) if len(counted) == len(outs) else None,
+        )
 
     def _check_length(
         self, info: TGIInfo, text: str, max_new: int, rid: str | None, prompt_min: int = 1
@@ -307,23 +316,22 @@ class TGIBackend(BaseBackend):
         if problem:
             raise RequestRejectedError(problem, backend=self.name, request_id=rid)
 
-    async def _generate_once(
-        self, request: GenerationRequest, seed: int | None
-    ) -> tuple[Completion, int | None]:
+    async def _generate_once(self, request: GenerationRequest, seed: int | None) -> _Once:
         body, headers = await self._post("/generate", generate_payload(request, seed), request)
         try:
             completion = parse_generate(body, request.params)
         except (KeyError, TypeError, AttributeError) as exc:
             raise self._malformed(request.request_id, exc) from exc
-        return completion, int_header(headers, "x-prompt-tokens")
+        return completion, int_header(headers, "x-prompt-tokens"), len(completion.token_ids)
 
-    async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
+    async def _chat_once(self, request: GenerationRequest, seed: int | None) -> _Once:
         body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
         try:
             completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             raise self._malformed(request.request_id, exc) from exc
-        return completion, usage.get("prompt_tokens")
+        # The chat route gives no token ids: its usage is the only count of what it generated.
+        return completion, usage.get("prompt_tokens"), usage.get("completion_tokens")
 
     # -- loglikelihood -------------------------------------------------------------------------------
 
