@@ -21,6 +21,7 @@ from .._limits import TokenBucket, estimated_tokens
 from .._loop import get_loop_manager
 from .._options import Concurrency, RateLimit, adaptive_settings
 from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
+from .._side_doors import FORWARDED
 from .._types import (
     Capabilities,
     GenerationRequest,
@@ -69,6 +70,11 @@ class LimitedBackend(Closing):
         self._rps: TokenBucket | None = None
         self._tpm: TokenBucket | None = None
         self._ready = False
+        # The backend's side doors (`asyncbackends.abc`), as instance attributes: `isinstance` with their
+        # protocols then answers for the wrapper as for the backend (it reads no property or __getattr__).
+        for side_door in FORWARDED:
+            if hasattr(backend, side_door):
+                setattr(self, side_door, getattr(backend, side_door))
 
     def __repr__(self) -> str:
         return f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r})"
