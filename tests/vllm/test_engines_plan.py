@@ -199,10 +199,13 @@ class _Adapter:
 
     groups: list[object | None]
 
+    labels: list[str | None]
+
     @classmethod
     async def _build(
-        cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+        cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None, **own: Any
     ) -> _Built:
+        cls.labels.append(own.get("label"))  # the restart log's name for the engine
         cls.built.append(_Built(options, env))
         cls.groups.append(start_group)
         return cls.built[-1]
@@ -219,7 +222,7 @@ def _create(
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: cpu)
     monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
-    _Adapter.built, _Adapter.groups = [], []
+    _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
     return asyncio.run(_vllm_engines.create_engines(_Adapter, "/models/x", engines, routing, dict(args)))
 
 
@@ -232,6 +235,7 @@ def test_create_engines_builds_each_engine_from_its_plan_behind_one_routed_backe
         assert backend.name == "vllm" and backend.routing == "affinity"
         assert [s.label for s in backend.replica_stats()] == ["engine-0", "engine-1", "engine-2", "engine-3"]
         assert backend.engines == _Adapter.built
+        assert _Adapter.labels == ["vllm engine-0", "vllm engine-1", "vllm engine-2", "vllm engine-3"]
         assert [b.env["CUDA_VISIBLE_DEVICES"] for b in _Adapter.built] == ["3", "4", "3", "4"]
         assert [b.options["gpu_memory_utilization"] for b in _Adapter.built] == [pytest.approx(0.4)] * 4
         assert all(b.options["disable_log_stats"] for b in _Adapter.built)  # the adapter's defaults kept
@@ -275,7 +279,7 @@ def test_auto_on_a_small_model_builds_six_engines_a_gpu(
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: False)
     monkeypatch.setattr(_vllm_engines, "_device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    _Adapter.built, _Adapter.groups = [], []
+    _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
     backend = asyncio.run(_vllm_engines.create_engines(_Adapter, str(tmp_path), "auto", None, {}))
     try:
         assert len(backend.engines) == 6
@@ -288,15 +292,21 @@ def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: p
     class _Failing(_Adapter):
         @classmethod
         async def _build(
-            cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+            cls,
+            model: str,
+            options: dict[str, Any],
+            *,
+            env: Any,
+            start_group: object | None = None,
+            **own: Any,
         ) -> _Built:
             if len(cls.built) == 2:
                 raise ab.BackendBrokenError("no memory left", backend="vllm")
-            return await super()._build(model, options, env=env, start_group=start_group)
+            return await super()._build(model, options, env=env, start_group=start_group, **own)
 
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
     # Compiling on a CPU: engine-0 alone, then engines 1 and 2 together; engine 2 fails, engine 1 started.
-    _Failing.built, _Failing.groups = [], []
+    _Failing.built, _Failing.groups, _Failing.labels = [], [], []
     with pytest.raises(ab.BackendBrokenError, match="no memory left"):
         asyncio.run(_vllm_engines.create_engines(_Failing, "/models/x", 3, None, {}))
     assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
@@ -313,7 +323,13 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
 
         @classmethod
         async def _build(
-            cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None
+            cls,
+            model: str,
+            options: dict[str, Any],
+            *,
+            env: Any,
+            start_group: object | None = None,
+            **own: Any,
         ) -> _Built:
             cls.calls += 1
             if cls.calls == 2:  # engine-1 never comes up
@@ -321,13 +337,13 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
                     await asyncio.Event().wait()
                 finally:
                     cls.given_up.set()
-            built = await super()._build(model, options, env=env, start_group=start_group)
+            built = await super()._build(model, options, env=env, start_group=start_group, **own)
             if len(cls.built) == 2:
                 cls.others_up.set()
             return built
 
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
-    _OneHangs.built, _OneHangs.groups = [], []
+    _OneHangs.built, _OneHangs.groups, _OneHangs.labels = [], [], []
 
     async def give_up() -> None:
         _OneHangs.others_up, _OneHangs.given_up = asyncio.Event(), asyncio.Event()

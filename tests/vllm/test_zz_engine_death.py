@@ -1,4 +1,5 @@
-"""A dead engine core and a closed backend, on an engine of their own (named to run last: it is slow)."""
+"""A dead engine core that is not started again (``max_restarts=0``) and a closed backend, on an engine of
+their own (named to run last: it is slow)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def wait_until_in_engine(backend: Any, count: int, timeout: float = 120.0) -> No
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_killed_engine_fails_pending_requests_then_close(make_backend: Any, backend: Any) -> None:
     before = set(engine_core_pids())
-    doomed = make_backend(max_model_len=256)
+    doomed = make_backend(max_model_len=256, max_restarts=0)  # a death is final here
     try:
         pids = [pid for pid in engine_core_pids() if pid not in before]
         assert pids, "the new engine's core process was not found"

@@ -1,10 +1,11 @@
 """``engines=2`` on real vLLM engines (the tiny model): both started at once, work split, answers as one
-engine, memory split, a dead engine's requests served by the other. Named to run after the session engine's
-tests: it kills one of its own engines at the end.
+engine, memory split, a killed engine started again, a dead engine's requests served by the other. Named to
+run after the session engine's tests: it kills one of its own engines at the end (three engine starts).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -123,6 +124,50 @@ def _unfinished(engine: Any) -> int:
     return ab.get_loop_manager().run(count())
 
 
+def _kill_when_it_holds_requests(doomed: Any, engines2: Any, requests: list[ab.GenerationRequest]) -> Any:
+    """Run ``requests`` on the pool with ``doomed``'s engine core stopped; kill the core once it holds some.
+
+    A stopped engine core finishes nothing: requests routed to it are pending by construction when it dies.
+    """
+    core = doomed.engine.engine_core.resources.engine_manager.processes[0]
+    os.kill(core.pid, signal.SIGSTOP)
+    future = ab.get_loop_manager().submit(ab.gather(engines2, requests))
+    deadline = time.monotonic() + 120  # a safety net only: the wait is for the state below
+    while _unfinished(doomed) == 0:
+        assert time.monotonic() < deadline, f"no request reached {doomed!r}"
+        time.sleep(0.02)
+    os.kill(core.pid, signal.SIGKILL)
+    return future
+
+
+# A killed engine leaves vLLM's client with a ZeroMQ context it never closes; its finaliser warns when the
+# garbage collector finds it. That is vLLM's clean-up after a crash, not something the adapter holds.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_killed_engine_is_started_again_and_its_requests_answered_by_it(
+    engines2: Any,
+    reference_prompts: list[list[int]],
+    offline_greedy: list[list[int]],
+    reference_max_tokens: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    doomed = engines2.engines[0]
+    before = {s.label: s for s in engines2.replica_stats()}
+    with caplog.at_level(logging.WARNING, logger="asyncbackends.adapters.vllm"):
+        future = _kill_when_it_holds_requests(
+            doomed, engines2, _requests(reference_prompts, reference_max_tokens)
+        )
+        results = future.result(timeout=600)
+    expected = [_strip_eos(ids) for ids in offline_greedy] * COPIES
+    assert [_strip_eos(r.completions[0].token_ids) for r in results] == expected
+    assert (doomed.restarts, engines2.engines[1].restarts, engines2.restarts) == (1, 0, 1)
+    stats = {s.label: s for s in engines2.replica_stats()}
+    # The death was hidden inside engine-0: the pool saw no failure, and engine-0 answered its requests.
+    assert stats["engine-0"].failures == before["engine-0"].failures
+    assert stats["engine-0"].successes > before["engine-0"].successes
+    assert any("vllm engine-0 died" in r.getMessage() for r in caplog.records)
+
+
 # A killed engine leaves vLLM's client with a ZeroMQ context it never closes; its finaliser warns when the
 # garbage collector finds it. That is vLLM's clean-up after a crash, not something the adapter holds.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -134,18 +179,11 @@ def test_a_dead_engines_requests_are_answered_by_the_other(
     reference_max_tokens: int,
 ) -> None:
     doomed = engines2.engines[0]
-    core = doomed.engine.engine_core.resources.engine_manager.processes[0]
+    doomed._restarts.max_restarts = doomed.restarts  # no restart left: this death is final
     before = {s.label: s.successes for s in engines2.replica_stats()}
-    # A stopped engine core finishes nothing: requests routed to it are pending by construction when it dies.
-    os.kill(core.pid, signal.SIGSTOP)
-    future = ab.get_loop_manager().submit(
-        ab.gather(engines2, _requests(reference_prompts, reference_max_tokens))
+    future = _kill_when_it_holds_requests(
+        doomed, engines2, _requests(reference_prompts, reference_max_tokens)
     )
-    deadline = time.monotonic() + 120  # a safety net only: the wait is for the state below
-    while _unfinished(doomed) == 0:
-        assert time.monotonic() < deadline, "no request reached engine-0"
-        time.sleep(0.02)
-    os.kill(core.pid, signal.SIGKILL)
     results = future.result(timeout=240)
     expected = [_strip_eos(ids) for ids in offline_greedy] * COPIES
     assert [_strip_eos(r.completions[0].token_ids) for r in results] == expected

@@ -6,6 +6,7 @@ starts its loop-bound tasks on the shared loop (`_engine_lifecycle`), and every 
 request (a rolling loglikelihood sends one per window) with ``RequestOutputKind.FINAL_ONLY`` and waits for its
 final output; a cancelled or failed call aborts its engine request instead of leaving it running. Requests
 and results are translated in `_requests`; this module holds the engine's lifetime and the request path.
+An engine core that dies is started again and its requests sent again, up to ``max_restarts`` (`_restart`).
 
 Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
 several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
@@ -48,6 +49,7 @@ from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_re
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._checks import check_before_import, engine_defaults, import_vllm
 from ._engine_plan import VLLMEnginesBackend, check_engines, create_engines
+from ._restart import DEFAULT_MAX_RESTARTS, EngineDied, EngineRestarts, check_max_restarts
 from ._text_encoder import TextEncoder
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ class VLLMBackend(BaseBackend):
         tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
             ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
         allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
+        restarts: Starts the engine again when it dies (`_restart`); ``None``: never.
     """
 
     name = "vllm"
@@ -94,8 +97,11 @@ class VLLMBackend(BaseBackend):
         max_concurrency: int | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        restarts: EngineRestarts | None = None,
     ) -> None:
         self._engine: AsyncLLM | None = engine
+        self._restarts = restarts or EngineRestarts(engine, start=None, stop=stop_engine, max_restarts=0)
+        self._restarts.on_restart = self._restarted
         self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
         multimodal = bool(engine.model_config.is_multimodal_model)
         self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
@@ -139,6 +145,7 @@ class VLLMBackend(BaseBackend):
         routing: str | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
         **engine_args: Any,
     ) -> VLLMBackend | VLLMEnginesBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it (several, with ``engines``).
@@ -150,6 +157,9 @@ class VLLMBackend(BaseBackend):
             model: A model directory or hub id.
             tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
             allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
+            max_restarts: How many times an engine core that died is started again (same options) over the
+                backend's life, the requests it held sent again; past that its requests fail with
+                `BackendBrokenError`. Each engine of ``engines=N`` has its own count.
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -169,6 +179,7 @@ class VLLMBackend(BaseBackend):
             BackendBrokenError: The engine failed to start.
         """
         chat: dict[str, Any] = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
+        chat["max_restarts"] = check_max_restarts(max_restarts)
         count = check_engines(engines, routing, engine_args)
         if count != 1:
             check_before_import(cls.name, model, engine_args)
@@ -189,6 +200,8 @@ class VLLMBackend(BaseBackend):
         start_group: object | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        label: str = "vllm engine",
     ) -> VLLMBackend:
         """One engine; ``env`` overrides the environment its processes start with.
 
@@ -210,6 +223,10 @@ class VLLMBackend(BaseBackend):
             raise InvalidRequestError(f"vllm engine options refused: {exc}") from exc
         except Exception as exc:
             raise BackendBrokenError(f"vllm engine failed to start: {exc}", backend=cls.name) from exc
+        # A fresh AsyncEngineArgs a start: vLLM may fill in fields of the one it is given.
+        again = lambda: start_engine(AsyncEngineArgs(model=model, **options), env)  # noqa: E731
+        restarts = EngineRestarts(engine, start=again, stop=stop_engine, max_restarts=max_restarts)
+        restarts.label = label
         try:
             return cls(
                 engine,
@@ -217,6 +234,7 @@ class VLLMBackend(BaseBackend):
                 engine_args=engine_args,
                 tool_parser=tool_parser,
                 allow_remote_images=allow_remote_images,
+                restarts=restarts,
             )
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
@@ -253,21 +271,44 @@ class VLLMBackend(BaseBackend):
 
         Raises:
             BackendClosedError: After `aclose`.
-            BackendBrokenError: The engine died.
+            BackendBrokenError: The engine died and was not started again (see ``max_restarts``).
         """
-        engine = self.engine
-        try:
-            await engine.check_health()
-        except Exception as exc:
-            raise self._dead(exc, None) from exc
+        self._check_open()
+        await self._restarts.check_ready(lambda engine: engine.check_health())
 
     # -- the engine boundary ---------------------------------------------------------------------------
 
+    @property
+    def restarts(self) -> int:
+        """How many times the engine was started again after its engine core died (see ``max_restarts``)."""
+        return self._restarts.count
+
+    def _restarted(self, engine: AsyncLLM) -> None:
+        self._engine = self._chat.engine = engine
+
     async def _run(
-        self, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
+        self,
+        prompt: list[int] | Any,
+        params: VLLMSamplingParams,
+        request_id: str | None,
+        render: Callable[[], Awaitable[Any]] | None = None,
+    ) -> RequestOutput:
+        """Send one engine request and wait for its final output; again after an engine restart.
+
+        A rendered prompt is rendered again by ``render`` then, for the new engine's renderer.
+        """
+        self._check_open(request_id)
+
+        async def send(engine: AsyncLLM, again: bool) -> RequestOutput:
+            fresh = await render() if again and render is not None else prompt
+            return await self._send(engine, fresh, params, request_id)
+
+        return await self._restarts.run(send, request_id)
+
+    async def _send(
+        self, engine: AsyncLLM, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
-        engine = self.engine  # raises BackendClosedError after aclose
         output: Any = None
         collector: RequestOutputCollector | None = None
         try:
@@ -279,11 +320,13 @@ class VLLMBackend(BaseBackend):
             while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
                 output = collector.get_nowait() or await collector.get()
         except EngineDeadError as exc:
-            raise self._dead(exc, request_id) from exc
+            raise self._dead(exc, request_id) if self._closed else EngineDied() from exc
         except BaseException as exc:
             if collector is not None:
                 # Cancelled or failed mid-way: the engine must not go on serving the request.
                 await self._abort(engine, collector.request_id)
+            if isinstance(exc, Exception) and engine.errored and not self._closed:
+                raise EngineDied() from exc
             if isinstance(exc, Exception):
                 raise self._translate(exc, request_id) from exc
             raise
@@ -342,7 +385,8 @@ class VLLMBackend(BaseBackend):
             length = len(prompt["prompt_token_ids"] if chat else prompt)
             return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
         sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
-        output = await self._run(prompt, sampling, request.request_id)
+        render = (lambda: self._chat.render(request)) if chat else None
+        output = await self._run(prompt, sampling, request.request_id, render)
         got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
         if len(got) != params.n:
             raise BackendError(
@@ -423,9 +467,7 @@ class VLLMBackend(BaseBackend):
 
     async def _aclose(self) -> None:
         # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            await stop_engine(engine)
-            # Dropping the last reference now lets AsyncLLM.__del__ run while the interpreter is intact;
-            # at exit it would call shutdown() again on half-torn-down modules and print a TypeError.
-            del engine
+        self._engine = self._chat.engine = None
+        # Dropping the last references now lets AsyncLLM.__del__ run while the interpreter is intact; at exit
+        # it would call shutdown() again on half-torn-down modules and print a TypeError.
+        await self._restarts.aclose()

@@ -26,6 +26,8 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+from ._shm import note_segments, release_segments
+
 __all__ = ["shutdown_engine", "start_engine", "stop_engine"]
 
 # How long the engine core gets to exit after SIGTERM before vLLM kills it. A healthy engine takes seconds
@@ -137,6 +139,7 @@ async def start_engine(
     start_output_handler = getattr(engine, "_run_output_handler", None)
     if start_output_handler is not None:  # else (another vLLM) it starts with the first request
         start_output_handler()
+    note_segments(engine)
     return engine
 
 
@@ -213,6 +216,7 @@ async def stop_engine(engine: AsyncLLM) -> None:
     if tasks:
         await asyncio.wait(tasks, timeout=_TASK_STOP_TIMEOUT)
     _destroy_context(engine)
+    await asyncio.to_thread(release_segments, engine)  # waits for a dead core's workers to exit
 
 
 def shutdown_engine(engine: AsyncLLM) -> None:

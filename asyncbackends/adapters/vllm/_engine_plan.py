@@ -250,6 +250,11 @@ class VLLMEnginesBackend(PoolBackend):
         return [replica.backend for replica in self.router.replicas]
 
     @property
+    def restarts(self) -> int:
+        """How many times an engine was started again after its engine core died, all engines together."""
+        return sum(int(engine.restarts) for engine in self.engines)
+
+    @property
     def fingerprint(self) -> dict[str, Any]:
         """One engine's fingerprint (the model, its files, the options that change outputs)."""
         fingerprint: dict[str, Any] = self.engines[0].fingerprint
@@ -313,7 +318,9 @@ async def _start_wave(
     """Start a wave's engines at once (one start-gate group), adding each started one to ``built``."""
     group = object() if len(wave) > 1 else None  # the token the wave's starts share (`start_engine`)
     tasks = [
-        asyncio.ensure_future(cls._build(model, p.options, env=p.env, start_group=group, **chat))
+        asyncio.ensure_future(
+            cls._build(model, p.options, env=p.env, start_group=group, label=f"vllm {p.label}", **chat)
+        )
         for p in wave
     ]
     try:
