@@ -24,6 +24,7 @@ from ._options import DEFAULT_CONCURRENCY, RateLimit, RetryPolicy, RunOptions
 from ._protocol import AsyncBackend, BaseBackend, Secret
 from ._registry import acreate_backend, available_backends, create_backend, register_backend
 from ._routing.replica import ReplicaStats
+from ._timeouts import Timeouts
 from ._types import (
     Capabilities,
     Completion,
@@ -48,6 +49,7 @@ from .errors import (
     BackendNotFoundError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     LoopError,
     RateLimitedError,
@@ -69,6 +71,7 @@ __all__ = [
     "BaseBackend",
     "Capabilities",
     "Completion",
+    "ContextLengthError",
     "GenerationRequest",
     "GenerationResult",
     "InvalidRequestError",
@@ -95,6 +98,7 @@ __all__ = [
     "RunOptions",
     "SamplingParams",
     "Secret",
+    "Timeouts",
     "TokenUsage",
     "Tool",
     "ToolCall",

@@ -27,6 +27,7 @@ from ._options import RetryPolicy as RetryPolicy
 from ._options import RunOptions as RunOptions
 from ._protocol import AsyncBackend
 from ._run import Outcome, Run
+from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption
 from ._types import Request, Result
 from .errors import AsyncBackendsError, InvalidRequestError
 
@@ -71,7 +72,7 @@ async def gather(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -86,7 +87,7 @@ async def gather(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -100,7 +101,7 @@ async def gather(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,
@@ -124,7 +125,9 @@ async def gather(
             limit on rate-limit and overload answers, raises it on clean rounds and holds it when queueing
             delay grows.
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
-        timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
+        timeout: Per-attempt limits, an `ab.Timeouts`: by default no total and 120 s without a byte or
+            token (a generation that streams runs as long as it produces); a plain number is a total alone,
+            as before (waiting for a slot does not count); ``None`` for no limit at all.
         rate_limit: Client-side request and token rate limits.
         progress: Show a tqdm bar (``True``, or a ``str`` for its label).
         cache: A `ResponseCache` or a path to one: results found there are not sent again, new ones are
@@ -153,7 +156,7 @@ def run_batch(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -168,7 +171,7 @@ def run_batch(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -182,7 +185,7 @@ def run_batch(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,
@@ -211,7 +214,7 @@ def as_completed(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -226,7 +229,7 @@ def as_completed(
     *,
     concurrency: Concurrency = ...,
     retry: RetryPolicy | None = ...,
-    timeout: float | None = ...,
+    timeout: TimeoutOption = ...,
     rate_limit: RateLimit | None = ...,
     progress: bool | str = ...,
     cache: CacheOption = ...,
@@ -240,7 +243,7 @@ async def as_completed(
     *,
     concurrency: Concurrency = None,
     retry: RetryPolicy | None = None,
-    timeout: float | None = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS,
     rate_limit: RateLimit | None = None,
     progress: bool | str = False,
     cache: CacheOption = None,

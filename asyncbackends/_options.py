@@ -20,6 +20,7 @@ from ._adaptive import AdaptiveConcurrency
 from ._cache import ResponseCache
 from ._observability.callbacks import RunCallbacks
 from ._observability.run_metrics import RunMetrics
+from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption, as_timeouts
 from .errors import InvalidRequestError, RateLimitedError
 
 __all__ = [
@@ -140,7 +141,9 @@ class RunOptions:
             else `DEFAULT_CONCURRENCY`; ``"adaptive"`` or an `AdaptiveConcurrency` finds the server's
             capacity as the run goes (`asyncbackends._adaptive`).
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
-        timeout: Seconds allowed per attempt (waiting for a slot does not count); ``None`` for no limit.
+        timeout: Per-attempt limits (`Timeouts`): by default no total and 120 s without a byte or token
+            (a generation that streams runs as long as it produces); a plain number is a total alone
+            (waiting for a slot does not count); ``None`` for no limit at all.
         rate_limit: Client-side request and token rate limits, for this run alone.
         progress: Show a tqdm bar (``True``, or a ``str`` for its label).
         cache: A `ResponseCache` or a path to one (opened when the run starts, closed when it ends).
@@ -154,7 +157,7 @@ class RunOptions:
 
     concurrency: Concurrency = None
     retry: RetryPolicy | None = None
-    timeout: float | None = None
+    timeout: TimeoutOption = DEFAULT_TIMEOUTS
     rate_limit: RateLimit | None = None
     progress: bool | str = False
     cache: ResponseCache | str | os.PathLike[str] | None = None
@@ -163,10 +166,8 @@ class RunOptions:
     callbacks: RunCallbacks | None = None
 
     def __post_init__(self) -> None:
-        timeout = self.timeout
         adaptive_settings(self.concurrency)
-        if timeout is not None and (not _is_number(timeout) or not 0 < timeout < float("inf")):
-            raise InvalidRequestError(f"timeout must be a finite number > 0 or None, got {timeout!r}")
+        as_timeouts(self.timeout)
         _check_type("retry", self.retry, RetryPolicy)
         _check_type("rate_limit", self.rate_limit, RateLimit)
         _check_type("metrics", self.metrics, RunMetrics)

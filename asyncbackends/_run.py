@@ -20,15 +20,23 @@ from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import TokenBucket, estimated_tokens
 from ._observability.observe import RequestObserver, RunObserver, current_request
+from ._observability.run_metrics import thinking_of
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
+from ._timeouts import as_timeouts, set_idle_timeout
 from ._types import (
     GenerationResult,
     Request,
     Result,
 )
-from .errors import AsyncBackendsError, BackendError, BackendTimeoutError, InvalidRequestError
+from .errors import (
+    AsyncBackendsError,
+    BackendError,
+    BackendTimeoutError,
+    ContextLengthError,
+    InvalidRequestError,
+)
 
 __all__ = ["Outcome", "Run"]
 
@@ -64,7 +72,9 @@ class Run:
         self.limiter: AdaptiveLimiter | None = None  # loop-bound: made when the run starts
         self.tickets: dict[AttemptClock, Ticket] = {}  # adaptive slots taken by workers, not yet used
         self.retry = options.retry or RetryPolicy()
-        self.timeout = options.timeout
+        timeouts = as_timeouts(options.timeout)
+        self.timeout = timeouts.total  # enforced here, by the sweeper
+        self.idle = timeouts.idle  # enforced by adapters that stream, read through `idle_timeout`
         self.cache_option = options.cache
         self.cache: ResponseCache | None = None
         self.return_exceptions = options.return_exceptions
@@ -188,6 +198,7 @@ class Run:
 
     async def work(self, slot: AttemptClock) -> None:
         slot.bind()
+        set_idle_timeout(self.idle)  # once per worker: every attempt it makes runs in its context
         limiter = self.limiter
         if limiter is None:
             await self.work_on(slot, self.indices)
@@ -229,11 +240,16 @@ class Run:
                     raise outcome
                 if metrics is not None:
                     metrics.errors[type(outcome).__name__] += 1
+                    if isinstance(outcome, ContextLengthError):
+                        metrics.context_length_errors += 1
             elif metrics is not None:
                 metrics.successes += 1
                 if isinstance(outcome, GenerationResult):
                     metrics.prompt_tokens += outcome.prompt_tokens or 0
                     metrics.completion_tokens += outcome.completion_tokens
+                    thinking, cut_off = thinking_of(outcome)
+                    metrics.reasoning_tokens += thinking
+                    metrics.reasoning_truncated += cut_off
             sink(index, outcome)
             if metrics is not None:
                 end = time.perf_counter()

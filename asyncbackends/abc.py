@@ -11,7 +11,17 @@ wrappers); this module holds what an extension author builds on:
   `refuse_unsupported` and `refuse_unclaimed_chat` (the first calls in an adapter's ``generate``: optional
   sampling parameters, images and tools it does not claim), `backend_fingerprint` (the identity
   the response cache keys on), `held_slot` (an adapter's own connection slots, which ``gather``'s
-  per-attempt timeout does not time), and the registry's option checks (`check_options`, `required_options`).
+  per-attempt timeout does not time), `idle_timeout` (how long the current attempt may wait for the next byte
+  or token: an adapter that reads its answer as it comes bounds each read by it), and the registry's option
+  checks (`check_options`, `required_options`).
+- **Timeouts, for adapter authors**: ``gather`` enforces ``Timeouts.total`` itself, around the whole attempt,
+  whatever the adapter does. ``Timeouts.idle`` only the adapter can see: read `idle_timeout()` where the
+  request is sent (the run sets it in the attempt's task and the tasks it spawns; ``None`` means no limit),
+  stream the answer where the server can, and bound each read by it (aiohttp's
+  ``ClientTimeout(sock_read=idle)``, or ``asyncio.timeout`` around each chunk), raising
+  `BackendTimeoutError` when it passes, so the attempt is retried. An adapter that cannot see progress
+  (an answer sent whole after a long generation) should not apply it to such a request: it would cut a
+  long answer; a short request (scoring) may be bounded by it as a whole.
 - **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
   its record of a replica (`Replica`, `ReplicaStats`) and the two rules that decide what a failed
   attempt means (`is_replica_fault`, `sent_nothing`).
@@ -38,6 +48,7 @@ from ._side_doors import (
     SupportsMaxModelLen,
     SupportsTokenizer,
 )
+from ._timeouts import idle_timeout
 
 __all__ = [
     "AsyncBackend",
@@ -58,6 +69,7 @@ __all__ = [
     "backend_fingerprint",
     "check_options",
     "held_slot",
+    "idle_timeout",
     "is_replica_fault",
     "note_replica",
     "refuse_unclaimed_chat",

@@ -9,7 +9,8 @@ AsyncBackendsError
     ├── BackendUnavailableError           connect errors, 503, an endpoint that failed or cannot resume
     ├── RateLimitedError                  429 / overloaded; .retry_after
     ├── BackendTimeoutError(TimeoutError)
-    ├── RequestRejectedError              4xx other than 429, prompt too long (never retried)
+    ├── RequestRejectedError              4xx other than 429 (never retried)
+    │   ├── ContextLengthError            the prompt plus max_tokens exceed the model's context
     │   └── AuthenticationError           401 / 403: a missing or wrong token
     ├── BackendBrokenError                the engine died on its own (vLLM EngineDeadError)
     └── BackendClosedError                used after aclose(): your code's doing
@@ -33,6 +34,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendTimeoutError",
     "BackendUnavailableError",
+    "ContextLengthError",
     "InvalidRequestError",
     "LoopError",
     "RateLimitedError",
@@ -137,6 +139,16 @@ class RequestRejectedError(BackendError):
     """The backend refused the request itself (a 4xx other than 429, a prompt too long). Never retried."""
 
     default_retryable = False
+
+
+class ContextLengthError(RequestRejectedError):
+    """The prompt plus ``max_tokens`` do not fit the model's context. Never retried.
+
+    Raised by every adapter, whichever check caught it: vLLM's own (a prompt that leaves no room for one
+    generated token), TGI's 422 input validation error, an OpenAI-compatible server's 400
+    ``context_length_exceeded`` or vLLM serve's "maximum context length" wording. The integrations report
+    it as a failed sample (inspect: the ``model_length`` stop reason), never as an answer.
+    """
 
 
 class AuthenticationError(RequestRejectedError):

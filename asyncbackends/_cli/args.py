@@ -75,7 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_concurrency,
         help="requests in flight, or 'adaptive' to find the server's capacity (default: the backend's hint)",
     )
-    run.add_argument("--timeout", type=float, help="seconds per attempt")
+    run.add_argument("--timeout", type=float, help="seconds per attempt in all (default: no limit)")
+    run.add_argument(
+        "--idle-timeout",
+        type=float,
+        help="seconds an attempt may wait for the next byte or token; a streamed generation that keeps "
+        "producing is never cut (default 120; 0: no limit)",
+    )
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")

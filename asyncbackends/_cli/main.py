@@ -46,6 +46,7 @@ from .._options import RunOptions
 from .._parse import parse_option_value as parse_option_value
 from .._parse import parse_options as parse_options
 from .._registry import available_backends, create_backend, extra_installed, required_options
+from .._timeouts import DEFAULT_IDLE, Timeouts
 from .._types import (
     GenerationRequest,
     LoglikelihoodRequest,
@@ -218,6 +219,17 @@ def _interrupted_message(kept: int, total: int, args: argparse.Namespace) -> str
     return f"asyncbackends run: interrupted: kept {kept} of {total} results in {where}; {resume}\n"
 
 
+def _timeouts(total: float | None, idle: float | None) -> Timeouts:
+    """``--timeout`` (the total, none by default) and ``--idle-timeout`` (120 s by default, 0 for none)."""
+    if idle is None:
+        idle = DEFAULT_IDLE
+    if total is not None and total <= 0:
+        raise InvalidRequestError(f"--timeout must be > 0, got {total:g}")
+    if idle < 0:
+        raise InvalidRequestError(f"--idle-timeout must be >= 0 (0: no limit), got {idle:g}")
+    return Timeouts(total=total, idle=idle or None)
+
+
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The run's policy from the command line, checked before anything starts.
 
@@ -226,7 +238,7 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     """
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
-        "timeout": args.timeout,
+        "timeout": _timeouts(args.timeout, args.idle_timeout),
         "retry": RetryPolicy(max_attempts=args.max_attempts),
     }
     RunOptions(**options)

@@ -32,6 +32,9 @@ from ..errors import AsyncBackendsError, BackendError
 
 __all__ = ["RecordWriter", "RunInterrupted", "record", "results_only_stdout", "stream_outcomes"]
 
+# Completion fields left out of a record where they hold these values (no reasoning model was involved).
+_REASONING_UNSET: dict[str, Any] = {"reasoning": None, "reasoning_tokens": 0, "reasoning_truncated": False}
+
 # How long Ctrl-C waits for the cancelled run's clean-up (engine requests aborted) before giving up.
 _CLEANUP_TIMEOUT = 30.0
 
@@ -48,6 +51,11 @@ def record(index: int, request: Request, outcome: Any) -> dict[str, Any]:
     else:
         result = dataclasses.asdict(outcome)
         result.pop("request_id", None)
+        for completion in result.get("completions", ()):
+            # A reasoning model's thinking beside its text; records of other models stay as they were.
+            for name, unset in _REASONING_UNSET.items():
+                if completion.get(name, unset) == unset:
+                    completion.pop(name, None)
         line["result"] = result
     return line
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 from .._types import GenerationResult, Request
 from ..errors import AsyncBackendsError, BackendError, RateLimitedError
 from .observe import Outcome, RequestObserver, RunObserver
+from .run_metrics import thinking_of
 
 __all__ = ["CallbackObserver", "RequestDone", "RetryEvent", "RunCallbacks", "TokenUsage"]
 
@@ -97,6 +98,7 @@ class TokenUsage:
         input_tokens: Prompt tokens, where the backend reported them.
         output_tokens: Generated tokens over all completions.
         cached: Read from the response cache (no tokens were spent on it in this run).
+        reasoning_tokens: Of ``output_tokens``, those a reasoning model spent thinking.
     """
 
     index: int
@@ -104,6 +106,7 @@ class TokenUsage:
     input_tokens: int | None
     output_tokens: int
     cached: bool
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,7 @@ class _CallbackRequest(RequestObserver):
                 outcome.prompt_tokens,
                 outcome.completion_tokens,
                 self.cached,
+                thinking_of(outcome)[0],
             )
             self.run.call(callbacks.on_usage, usage)
 

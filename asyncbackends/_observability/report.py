@@ -197,6 +197,15 @@ def _concurrency_rows(data: RunData) -> list[tuple[str, str]]:
     ]
 
 
+def _thinking_rows(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Thinking tokens and answers cut off while thinking, where the run had a reasoning model."""
+    thinking = sum(int(r.get("reasoning_tokens") or 0) for r in requests)
+    cut_off = sum(int(r.get("reasoning_truncated") or 0) for r in requests)
+    if not thinking and not cut_off:
+        return []
+    return [("of which thinking", str(thinking)), ("cut off while thinking (no answer)", str(cut_off))]
+
+
 def render_report(data: RunData) -> str:
     """The report of one run as a complete HTML document."""
     header = data.header
@@ -225,6 +234,7 @@ def render_report(data: RunData) -> str:
             "generated tokens",
             f"{output_tokens}" + (f" ({output_tokens / elapsed:.1f} tok/s)" if elapsed > 0 else ""),
         ),
+        *_thinking_rows(requests),
         (
             "latency p50 / p95 / p99",
             " / ".join(_duration(_quantile(latencies, q)) for q in (0.5, 0.95, 0.99)),

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunMetrics"]
+__all__ = ["RunMetrics", "thinking_of"]
+
+
+def thinking_of(result: Any) -> tuple[int, int]:
+    """A generation result's thinking tokens and its completions cut off while thinking (0, 0 if none)."""
+    completions = getattr(result, "completions", ())
+    return sum(c.reasoning_tokens for c in completions), sum(c.reasoning_truncated for c in completions)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -36,8 +42,12 @@ class RunMetrics:
         retries: Attempts beyond each request's first.
         retried_errors: The errors that caused those retries, by type name.
         errors: Failed requests by error type name.
+        context_length_errors: Failed requests whose prompt plus ``max_tokens`` did not fit the model
+            (`ContextLengthError`, never retried): the eval's inputs to fix, not the server's failures.
         prompt_tokens: Prompt tokens over all results that reported them.
-        completion_tokens: Generated tokens over all results.
+        completion_tokens: Generated tokens over all results (thinking included).
+        reasoning_tokens: Of those, the tokens reasoning models spent thinking (where backends report them).
+        reasoning_truncated: Completions cut off while thinking (no answer: ``max_tokens`` came first).
         concurrency_limit: The run's concurrency limit now: the fixed one, or where the adaptive one stands.
         concurrency_changes: How often the adaptive limit moved, by reason ("rate_limited", "overloaded",
             "clean_round", "queueing").
@@ -53,8 +63,11 @@ class RunMetrics:
     retries: int = 0
     retried_errors: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    context_length_errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    reasoning_truncated: int = 0
     concurrency_limit: int | None = None
     concurrency_changes: Counter[str] = field(default_factory=Counter)
     on_update: Callable[[RunMetrics], None] | None = None
@@ -139,6 +152,7 @@ class RunMetrics:
             "successes": self.successes,
             "failed": self.failed,
             "errors": dict(self.errors),
+            "context_length_errors": self.context_length_errors,
             "retries": self.retries,
             "retried_errors": dict(self.retried_errors),
             "cache_hits": self.cache_hits,
@@ -153,6 +167,8 @@ class RunMetrics:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_truncated": self.reasoning_truncated,
             "concurrency_limit": self.concurrency_limit,
             "concurrency_changes": dict(self.concurrency_changes),
         }
@@ -174,15 +190,22 @@ class RunMetrics:
         rate = "-" if s["requests_per_s"] is None else f"{s['requests_per_s']:.1f} req/s"
         tps = "-" if s["completion_tokens_per_s"] is None else f"{s['completion_tokens_per_s']:.1f} tok/s"
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items())) or "none"
+        too_long = s["context_length_errors"]
         lines = [
             f"requests: {s['requests']}  ok: {s['successes']}  failed: {s['failed']}  "
-            f"retries: {s['retries']}  cache hits: {s['cache_hits']}"
+            + (f"(too long for the model: {too_long})  " if too_long else "")
+            + f"retries: {s['retries']}  cache hits: {s['cache_hits']}"
             + (f"  cache read failures: {s['cache_read_failures']}" if s["cache_read_failures"] else ""),
             f"errors: {errors}",
             f"elapsed: {s['elapsed_s']:.2f} s  rate: {rate}  generated: {s['completion_tokens']} ({tps})",
             f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
             f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
         ]
+        if s["reasoning_tokens"] or s["reasoning_truncated"]:
+            lines.append(
+                f"thinking: {s['reasoning_tokens']} tokens  "
+                f"cut off while thinking: {s['reasoning_truncated']}"
+            )
         if s["concurrency_changes"]:
             moves = ", ".join(f"{k}: {v}" for k, v in sorted(s["concurrency_changes"].items()))
             lines.append(

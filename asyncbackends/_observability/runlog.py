@@ -27,6 +27,7 @@ from typing import Any
 
 from .._types import GenerationResult
 from .callbacks import RequestDone, RetryEvent, RunCallbacks
+from .run_metrics import thinking_of
 
 __all__ = ["RunLog"]
 
@@ -64,6 +65,7 @@ class RunLog:
     def _done(self, event: RequestDone) -> None:
         outcome = event.outcome
         result = outcome if isinstance(outcome, GenerationResult) else None
+        thinking = None if result is None else thinking_of(result)
         self._write(
             {
                 "event": "request",
@@ -79,6 +81,8 @@ class RunLog:
                 "replica": event.replica,
                 "input_tokens": None if result is None else result.prompt_tokens,
                 "output_tokens": None if result is None else result.completion_tokens,
+                "reasoning_tokens": thinking[0] if thinking else None,
+                "reasoning_truncated": thinking[1] if thinking else None,
             }
         )
 

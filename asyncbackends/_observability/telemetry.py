@@ -33,6 +33,7 @@ from .observe import Outcome, RequestObserver, RunObserver
 from .otel_instruments import DURATION_BUCKETS as DURATION_BUCKETS
 from .otel_instruments import TOKEN_BUCKETS as TOKEN_BUCKETS
 from .otel_instruments import instruments_of
+from .run_metrics import thinking_of
 
 __all__ = ["capture_context", "otel_observer", "record_replica_limit", "record_replica_state"]
 
@@ -305,6 +306,12 @@ class _SpanRequest(RequestObserver):
                 "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in outcome.completions],
                 "gen_ai.usage.output_tokens": outcome.completion_tokens,
             }
+            thinking, cut_off = thinking_of(outcome)
+            if thinking or any(c.reasoning is not None for c in outcome.completions):
+                # Of the output tokens, those spent thinking (the GenAI conventions' own attribute).
+                ended["gen_ai.usage.reasoning.output_tokens"] = thinking
+            if cut_off:
+                ended["asyncbackends.reasoning.truncated"] = cut_off
             if outcome.prompt_tokens is not None:
                 ended["gen_ai.usage.input_tokens"] = outcome.prompt_tokens
             if outcome.model:

@@ -22,6 +22,7 @@ from .._loop import get_loop_manager
 from .._options import Concurrency, RateLimit, adaptive_settings
 from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
 from .._side_doors import FORWARDED
+from .._timeouts import TimeoutOption, Timeouts, as_timeouts, set_idle_timeout
 from .._types import (
     Capabilities,
     GenerationRequest,
@@ -31,7 +32,7 @@ from .._types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from ..errors import InvalidRequestError
+from ..errors import BackendTimeoutError, InvalidRequestError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 
@@ -49,12 +50,19 @@ class LimitedBackend(Closing):
         concurrency: Most requests in flight through this wrapper at once (an int, ``"adaptive"`` or an
             `AdaptiveConcurrency`), or ``None``.
         rate_limit: Request and token rates shared by every run, or ``None``.
+        timeout: `Timeouts` every call through the wrapper keeps (from when it holds a slot), or ``None``.
     """
 
     def __init__(
-        self, backend: AsyncBackend, *, concurrency: Concurrency = None, rate_limit: RateLimit | None = None
+        self,
+        backend: AsyncBackend,
+        *,
+        concurrency: Concurrency = None,
+        rate_limit: RateLimit | None = None,
+        timeout: TimeoutOption = None,
     ) -> None:
         self._adaptive = adaptive_settings(concurrency)
+        self.timeout: Timeouts | None = None if timeout is None else as_timeouts(timeout)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise InvalidRequestError(
                 f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}"
@@ -77,7 +85,10 @@ class LimitedBackend(Closing):
                 setattr(self, side_door, getattr(backend, side_door))
 
     def __repr__(self) -> str:
-        return f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r})"
+        return (
+            f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r}, "
+            f"timeout={self.timeout!r})"
+        )
 
     @property
     def fingerprint(self) -> Mapping[str, Any] | None:
@@ -111,10 +122,36 @@ class LimitedBackend(Closing):
                     await self._rps.take(1)
                 if self._tpm is not None:
                     await self._tpm.take(estimated_tokens(request))
+        if self.timeout is not None:
+            call = self._timed(call, self.timeout)
         if self._limiter is not None:
             return await self._adaptively(self._limiter, call)
         async with held_slot(self._slots):
             return await call()
+
+    def _timed(
+        self, call: Callable[[], Coroutine[Any, Any, R]], timeouts: Timeouts
+    ) -> Callable[[], Coroutine[Any, Any, R]]:
+        """``call`` within the wrapper's timeouts, the run's own (tighter ones win) still applying."""
+
+        async def timed() -> R:
+            # Set and reset here: on the shared loop this runs in the caller's own task.
+            token = set_idle_timeout(timeouts.idle) if timeouts.idle is not None else None
+            try:
+                if timeouts.total is None:
+                    return await call()
+                try:
+                    async with asyncio.timeout(timeouts.total):
+                        return await call()
+                except TimeoutError as exc:
+                    raise BackendTimeoutError(
+                        f"took longer than the limited backend's {timeouts.total:g} s", backend=self.name
+                    ) from exc
+            finally:
+                if token is not None:
+                    token.var.reset(token)
+
+        return timed
 
     async def _adaptively(self, limiter: AdaptiveLimiter, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
         # The limiter learns from every answer that passes through, whichever run sent it.
@@ -169,7 +206,11 @@ class LimitedRollingBackend(LimitedBackend):
 
 
 def limited(
-    backend: AsyncBackend, *, concurrency: Concurrency = None, rate_limit: RateLimit | None = None
+    backend: AsyncBackend,
+    *,
+    concurrency: Concurrency = None,
+    rate_limit: RateLimit | None = None,
+    timeout: TimeoutOption = None,
 ) -> LimitedBackend:
     """Wrap ``backend`` so its limits hold across every run that uses the returned backend.
 
@@ -191,13 +232,16 @@ def limited(
             `AdaptiveConcurrency`) for one adaptive limit that every run's answers move (around a pool, one
             per replica, moved by that replica's answers, the wrapper holding their sum); ``None`` for none.
         rate_limit: Request and token rates shared by every run; ``None`` for none.
+        timeout: `Timeouts` (or a plain number: a total) every call through the wrapper keeps, a run's
+            attempts and direct calls alike, timed from when the call holds a shared slot; a run's own
+            ``timeout`` still applies, the tighter limit winning. ``None``: the wrapper adds none.
 
     Returns:
         A backend with the wrapped one's name, capabilities, fingerprint and methods
         (``loglikelihood_rolling`` only where the wrapped backend has it).
 
     Raises:
-        InvalidRequestError: ``concurrency`` or ``rate_limit`` is not valid.
+        InvalidRequestError: ``concurrency``, ``rate_limit`` or ``timeout`` is not valid.
     """
     cls = LimitedRollingBackend if isinstance(backend, SupportsRollingLoglikelihood) else LimitedBackend
-    return cls(backend, concurrency=concurrency, rate_limit=rate_limit)
+    return cls(backend, concurrency=concurrency, rate_limit=rate_limit, timeout=timeout)

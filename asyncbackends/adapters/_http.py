@@ -33,17 +33,20 @@ from ..errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     LoopError,
     RateLimitedError,
     RequestRejectedError,
 )
 from ._credentials import split_headers, split_url_credentials
+from ._lengths import says_context_length
 
 __all__ = [
     "HTTPResponse",
     "HTTPTransport",
     "error_for_status",
+    "is_context_length",
     "error_from_exception",
     "error_message",
     "json_body",
@@ -84,6 +87,8 @@ def error_message(body: bytes | str) -> str:
     """
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     text = text.strip()
+    if text.startswith("data:"):  # an error sent as a server-sent event (a streamed route's answer)
+        text = text[5:].split("\n", 1)[0].strip()
     try:
         data = json.loads(text)
     except ValueError:
@@ -103,6 +108,13 @@ def error_message(body: bytes | str) -> str:
     return text or "(empty body)"
 
 
+def is_context_length(status: int, body: bytes | str) -> bool:
+    """Whether a 4xx answer says the prompt plus ``max_tokens`` exceed the model's context."""
+    if status not in (400, 413, 422):
+        return False
+    return says_context_length(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
+
+
 def error_for_status(
     status: int,
     body: bytes | str,
@@ -113,10 +125,11 @@ def error_for_status(
 ) -> BackendError:
     """The library error for a non-2xx HTTP response.
 
-    401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); other 4xx ->
-    `RequestRejectedError` (never retried), except 408 (a retryable timeout) and 424 (TGI's "failed
-    during generation", a server-side failure); 502, 503 and 504 -> `BackendUnavailableError`; any other
-    status (424, 500...) -> a retryable `BackendError`.
+    401/403 -> `AuthenticationError`; 429 -> `RateLimitedError` (``Retry-After`` honoured); a 400, 413 or
+    422 that says the prompt plus ``max_tokens`` exceed the model (`is_context_length`) ->
+    `ContextLengthError`; other 4xx -> `RequestRejectedError` (never retried), except 408 (a retryable
+    timeout) and 424 (TGI's "failed during generation", a server-side failure); 502, 503 and 504 ->
+    `BackendUnavailableError`; any other status (424, 500...) -> a retryable `BackendError`.
     """
     message = f"HTTP {status}: {error_message(body)}"
     kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
@@ -127,6 +140,8 @@ def error_for_status(
         return AuthenticationError(message, **kwargs)
     if status == 408:
         return BackendTimeoutError(message, **kwargs)
+    if is_context_length(status, body):
+        return ContextLengthError(message, **kwargs)
     if 400 <= status < 500 and status != 424:
         return RequestRejectedError(message, **kwargs)
     if status in (502, 503, 504):
@@ -134,14 +149,19 @@ def error_for_status(
     return BackendError(message, **kwargs)
 
 
-def error_from_exception(exc: BaseException, *, backend: str, request_id: str | None = None) -> BackendError:
+def error_from_exception(
+    exc: BaseException, *, backend: str, request_id: str | None = None, idle: float | None = None
+) -> BackendError:
     """The library error for an exception aiohttp raised while sending or reading (the caller chains it).
 
-    Timeouts -> `BackendTimeoutError`; refused, reset or dropped connections -> `BackendUnavailableError`
-    (both retryable); a response that cannot be parsed -> a retryable `BackendError`.
+    Timeouts -> `BackendTimeoutError` (named an idle timeout when no byte came for ``idle`` seconds);
+    refused, reset or dropped connections -> `BackendUnavailableError` (both retryable); a response that
+    cannot be parsed -> a retryable `BackendError`.
     """
     kwargs: dict[str, Any] = {"backend": backend, "request_id": request_id}
     detail = str(exc) or type(exc).__name__
+    if idle is not None and isinstance(exc, aiohttp.SocketTimeoutError):
+        return BackendTimeoutError(f"no data from the server for {idle:g} s (the idle timeout)", **kwargs)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return BackendTimeoutError(f"HTTP request timed out ({type(exc).__name__})", **kwargs)
     if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError)):
@@ -239,6 +259,8 @@ class HTTPTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None  # the pool's bound, made on the loop that first sends
         self._closed = False  # set when aclose() starts: from then on every request ends closed
+        # Responses whose body is being read: aclose() ends those reads itself (see _shutdown).
+        self._reading: set[aiohttp.ClientResponse] = set()
 
     def __repr__(self) -> str:
         return f"HTTPTransport({self.base_url!r}, backend={self.backend!r})"
@@ -301,8 +323,19 @@ class HTTPTransport:
         json_body: Any = None,
         request_id: str | None = None,
         timeout: float | None = None,
+        idle: float | None = None,
     ) -> HTTPResponse:
         """Send one request and read the whole response; never raises for a status.
+
+        Args:
+            method: The HTTP method.
+            path: Appended to the base URL.
+            json_body: Sent as JSON when not ``None``.
+            request_id: Named in errors.
+            timeout: Seconds the whole exchange may take, instead of the transport's.
+            idle: Seconds allowed between two reads from the socket, the wait for the answer's first byte
+                included (``ab.Timeouts.idle``, read by the adapter with ``idle_timeout()``); ``None``
+                for no limit. A streamed answer that keeps coming is never cut by it.
 
         Raises:
             BackendClosedError: `aclose` started before the response was read (whatever the connection did
@@ -319,8 +352,9 @@ class HTTPTransport:
             # body is streamed instead, with its length known.
             kwargs["data"] = io.BytesIO(data) if len(data) > _LARGE_BODY else data
             kwargs["headers"] = _JSON_CONTENT
-        if timeout is not None:
-            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
+        if timeout is not None or idle is not None:
+            total = timeout if timeout is not None else self.timeout
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=total, sock_read=idle)
         if self._closed:
             raise self.closed_error(request_id)
         session = self.session  # checks the loop before queueing on a loop-bound semaphore
@@ -329,14 +363,20 @@ class HTTPTransport:
                 raise self.closed_error(request_id)
             try:
                 async with session.request(method, self.base_url + path, **kwargs) as resp:
-                    body = await resp.read()
+                    self._reading.add(resp)
+                    try:
+                        body = await resp.read()
+                    finally:
+                        self._reading.discard(resp)
                     response = HTTPResponse(resp.status, resp.headers, body)
             except (aiohttp.ClientError, TimeoutError, ConnectionError, RuntimeError) as exc:
                 if self._closed:  # the pool was closed under it: not a server failure to retry
                     raise self.closed_error(request_id) from exc
                 if isinstance(exc, RuntimeError):
                     raise
-                raise error_from_exception(exc, backend=self.backend, request_id=request_id) from exc
+                raise error_from_exception(
+                    exc, backend=self.backend, request_id=request_id, idle=idle
+                ) from exc
         if self._closed:
             raise self.closed_error(request_id)
         return response
@@ -357,10 +397,19 @@ class HTTPTransport:
             return
         loop = self._loop
         if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
-            await session.close()
+            await self._shutdown(session)
         else:
             # aclose() awaited from another loop: the pool belongs to the session's loop, close it there.
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._shutdown(session), loop))
+
+    async def _shutdown(self, session: aiohttp.ClientSession) -> None:
+        # aiohttp closes a connection by first forgetting its response body, so a read in progress (a
+        # streamed answer still arriving) would wait forever, its read timeout dropped too: end those reads
+        # here, on the session's loop, then close.
+        for resp in list(self._reading):
+            resp.content.set_exception(aiohttp.ClientConnectionError("the session was closed"))
+        self._reading.clear()
+        await session.close()
 
 
 async def poll_until_ok(

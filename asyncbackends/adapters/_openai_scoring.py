@@ -12,8 +12,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._tasks import all_or_nothing
+from .._timeouts import idle_timeout
 from .._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
-from ..errors import BackendError, RequestRejectedError
+from ..errors import BackendError, ContextLengthError, RequestRejectedError
 from ._http import HTTPResponse, HTTPTransport
 from ._openai_wire import echo_payload, parse_echo
 from ._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
@@ -42,7 +43,7 @@ class VLLMServerScoring:
 
         def _check_open(self, request_id: str | None = None) -> None: ...
 
-        async def _post(self, path: str, payload: Any, rid: str | None) -> Any: ...
+        async def _post(self, path: str, payload: Any, rid: str | None, idle: float | None = None) -> Any: ...
 
         def _json(self, resp: HTTPResponse, rid: str | None) -> Any: ...
 
@@ -69,7 +70,7 @@ class VLLMServerScoring:
             max_prompt_tokens=self._max_prompt_tokens,
         )
         if scoring is None:
-            raise RequestRejectedError(
+            raise ContextLengthError(
                 f"continuation does not fit in max_model_len={self.max_model_len}",
                 backend=self.name,
                 request_id=rid,
@@ -129,7 +130,9 @@ class VLLMServerScoring:
 
     async def _tokenize(self, text: str, rid: str | None, special: bool = False) -> list[int]:
         payload = {"model": self.model, "prompt": text, "add_special_tokens": special}
-        resp = await self._http.request("POST", "/tokenize", json_body=payload, request_id=rid)
+        resp = await self._http.request(
+            "POST", "/tokenize", json_body=payload, request_id=rid, idle=idle_timeout()
+        )
         if resp.status == 404:
             raise RequestRejectedError(
                 f"{self._http.base_url}/tokenize does not exist: loglikelihood needs vLLM's server",
@@ -144,7 +147,7 @@ class VLLMServerScoring:
 
     async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
         """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
-        body = await self._post("/completions", echo_payload(self.model, plan), rid)
+        body = await self._post("/completions", echo_payload(self.model, plan), rid, idle_timeout())
         try:
             return parse_echo(body, plan)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:

@@ -7,6 +7,12 @@ and ``min_tokens``, and structured output as its ``structured_outputs`` (``{"jso
 ``{"regex": ...}``, exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses
 those four.
 
+Reasoning: ``reasoning_effort`` is OpenAI's chat field of that name (chat prompts only: the completions API
+has none); ``thinking_budget`` is vLLM's extra field ``thinking_token_budget`` (refused elsewhere). A choice's
+thinking is read from ``reasoning_content`` (DeepSeek, older vLLM) or ``reasoning`` (vLLM 0.1x+,
+OpenRouter-style servers), on the message of a chat choice or on a completions choice where a server puts it.
+A choice cut off (``"length"``) with thinking and no answer is `Completion.reasoning_truncated`.
+
 Chat: messages go as they are (OpenAI's shape: content parts, an assistant's ``tool_calls``, ``role:
 "tool"`` messages); tools as ``tools`` entries ``{"type": "function", "function": {...}}``;
 ``tool_choice`` ``"auto"``, ``"none"``, ``"required"``, or a named tool as ``{"type": "function",
@@ -20,6 +26,7 @@ malformed-response `BackendError` with the request's id.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,10 +89,14 @@ def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(params, name) is not None:
             fields[name] = getattr(params, name)
+    if params.reasoning_effort is not None:
+        fields["reasoning_effort"] = params.reasoning_effort
     if vllm:
         for name in ("repetition_penalty", "min_p", "min_tokens"):
             if getattr(params, name) is not None:
                 fields[name] = getattr(params, name)
+        if params.thinking_budget is not None:
+            fields["thinking_token_budget"] = params.thinking_budget
         if params.json_schema is not None:
             fields["structured_outputs"] = {"json": dict(params.json_schema)}
         elif params.regex is not None:
@@ -108,6 +119,9 @@ def parse_completions(
     choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
     completions = tuple(_completion(c, chat, logprobs) for c in choices)
     usage = body.get("usage") or {}
+    spent = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    if len(completions) == 1 and isinstance(spent, int) and spent > 0:  # usage counts all choices together
+        completions = (dataclasses.replace(completions[0], reasoning_tokens=spent),)
     return completions, usage.get("prompt_tokens"), usage.get("completion_tokens"), body.get("model") or None
 
 
@@ -125,7 +139,24 @@ def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> C
     token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
     calls = (choice["message"].get("tool_calls") or ()) if chat else ()
     tool_calls = tuple(ToolCall.from_openai(call) for call in calls)
-    return Completion(text, token_ids, logprobs, choice.get("finish_reason"), tool_calls, token_texts=texts)
+    holder = choice["message"] if chat else choice
+    reasoning = holder.get("reasoning_content")
+    reasoning = holder.get("reasoning") if reasoning is None else reasoning
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise TypeError(f"reasoning is not a string: {type(reasoning).__name__}")
+    finish = choice.get("finish_reason")
+    # Cut off while thinking: no answer, never the thought as the answer.
+    truncated = bool(reasoning) and finish == "length" and not text and not tool_calls
+    return Completion(
+        text,
+        token_ids,
+        logprobs,
+        finish,
+        tool_calls,
+        reasoning=reasoning,
+        reasoning_truncated=truncated,
+        token_texts=texts,
+    )
 
 
 def echo_payload(model: str, plan: ScoringPlan) -> dict[str, Any]:
@@ -181,6 +212,10 @@ def capabilities(
         min_p=vllm,
         min_tokens=vllm,
         regex=vllm,
+        # Read where the server gives it (None where it gives none); effort is OpenAI's own chat field.
+        reasoning=True,
+        reasoning_effort=True,
+        thinking_budget=vllm,  # vLLM's thinking_token_budget
         # Claimed unless the caller says otherwise (adapter options): a server that cannot take them answers
         # 400, which comes back as RequestRejectedError.
         images=images,

@@ -37,6 +37,7 @@ from .._types import (
 from ..errors import InvalidRequestError
 from ._credentials import resolve_token
 from ._endpoints_lifecycle import ON_CLOSE, Lifecycle, OnClose
+from ._reasoning_tags import check_reasoning_tags
 from .openai import OpenAIBackend
 from .tgi import TGIBackend
 
@@ -45,6 +46,11 @@ __all__ = ["EndpointsBackend"]
 log = logging.getLogger(__name__)
 WireProtocol = Literal["tgi", "openai"]
 _OPENAI_IMAGES = ("vllm", "sglang", "llamacpp")
+_OPENAI_TAGS = (
+    "reasoning_tags split the text of a TGI endpoint; an OpenAI-protocol endpoint returns the thinking "
+    "itself (reasoning_content / reasoning) when its server runs a reasoning parser "
+    "(vllm serve --reasoning-parser)"
+)
 
 
 class EndpointsBackend(BaseBackend):
@@ -98,6 +104,7 @@ class EndpointsBackend(BaseBackend):
         max_connections: int = 256,
         max_concurrency: int | None = None,
         close_timeout: float = 60.0,
+        reasoning_tags: tuple[str, str] | None = None,
     ) -> EndpointsBackend:
         """Find (or create) the endpoint, bring it to ``running``, wait for its health route, and wrap it.
 
@@ -124,6 +131,9 @@ class EndpointsBackend(BaseBackend):
             max_concurrency: The concurrency `gather` uses when given none.
             close_timeout: Seconds the ``on_close`` action (an Endpoints API call) may take in `aclose`,
                 and at interpreter exit the most the process waits for it before exiting anyway.
+            reasoning_tags: ``(start, end)`` delimiting a reasoning model's thinking in the text a TGI
+                endpoint returns (see `TGIBackend`); an OpenAI-protocol endpoint returns the thinking itself
+                when its server has a reasoning parser (``vllm serve --reasoning-parser``): refused there.
 
         Raises:
             InvalidRequestError: An invalid option.
@@ -133,6 +143,9 @@ class EndpointsBackend(BaseBackend):
             BackendTimeoutError: Not running and healthy within ``wait_timeout``.
         """
         _check(name, create, on_close, protocol, wait_timeout, poll_interval, scale_up_timeout, close_timeout)
+        tags = check_reasoning_tags(reasoning_tags)
+        if tags is not None and protocol == "openai":
+            raise InvalidRequestError(_OPENAI_TAGS)
         lifecycle = Lifecycle(name, namespace, resolve_token(token), poll_interval, close_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_timeout
@@ -151,11 +164,15 @@ class EndpointsBackend(BaseBackend):
             }
             inner: TGIBackend | OpenAIBackend
             if proto == "openai":
+                if tags is not None:  # detected from the image: refused before any request
+                    raise InvalidRequestError(_OPENAI_TAGS)
                 inner = await OpenAIBackend.create(
                     base_url=url + "/v1", api_key=lifecycle.token, model=model, **options
                 )
             else:
-                inner = await TGIBackend.create(url=url, token=lifecycle.token, **options)
+                inner = await TGIBackend.create(
+                    url=url, token=lifecycle.token, reasoning_tags=tags, **options
+                )
         except BaseException:
             if lifecycle.touched and on_close != "keep":
                 await lifecycle.finish(on_close, quiet=True)

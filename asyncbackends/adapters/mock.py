@@ -16,6 +16,10 @@ parameters schema (required properties only, as ``json_schema`` above). With ``"
 first tool whose name appears in the last message's text, else it echoes; ``"none"`` always echoes. Latency,
 jitter and failures can be injected, and counters record what the backend saw (attempts, peak in-flight
 requests, cancellations), which makes it the backend of choice for tests, docs and dry runs.
+
+Reasoning (option ``thinking``): before its answer the mock thinks its prompt backwards, as long as the
+prompt at the default effort (`_mock_thinking`); ``max_tokens`` counts the thought, and one cut off while
+thinking has no answer (``reasoning_truncated``, text ``""``, finish ``"length"``).
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ from .._protocol import BaseBackend
 from .._types import (
     Capabilities,
     Completion,
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
+    SamplingParams,
     ToolCall,
 )
 from ..errors import (
@@ -45,20 +51,25 @@ from ..errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ContextLengthError,
     InvalidRequestError,
     RateLimitedError,
     RequestRejectedError,
 )
 from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
+from ._mock_thinking import THINK_END, ThinkingMode, thought_of
 
 __all__ = ["MockBackend"]
 
-FailureKind = Literal["rate_limited", "unavailable", "timeout", "rejected", "broken", "server"]
+FailureKind = Literal[
+    "rate_limited", "unavailable", "timeout", "rejected", "context_length", "broken", "server"
+]
 _FAILURES: dict[str, type[BackendError]] = {
     "rate_limited": RateLimitedError,
     "unavailable": BackendUnavailableError,
     "timeout": BackendTimeoutError,
     "rejected": RequestRejectedError,
+    "context_length": ContextLengthError,
     "broken": BackendBrokenError,
     "server": BackendError,
 }
@@ -84,6 +95,29 @@ def _token_logprob(previous: str, token: str) -> float:
     return -((ord(previous) * 31 + ord(token)) % 13 + 1) / 10
 
 
+def _answer(chars: list[str], limit: int, min_tokens: int) -> tuple[str, FinishReason]:
+    """The answer within ``limit`` tokens, before stop strings, and whether the limit ended it."""
+    while len(chars) < min_tokens:  # EOS is not allowed yet: the echo goes round again
+        chars += chars[: min_tokens - len(chars)]
+    # EOS may not come before min_tokens: with min_tokens == max_tokens the limit always ends it.
+    limited = len(chars) > limit or min_tokens >= max(1, limit)
+    return "".join(chars[:limit]), "length" if limited else "stop"
+
+
+def _stopped(out: str, finish: FinishReason, params: SamplingParams) -> tuple[str, FinishReason]:
+    """``out`` cut at its first stop string; a stop string ends a completion only once min_tokens are out."""
+    min_tokens = params.min_tokens or 0
+    ends = [out.find(s, max(0, min_tokens - len(s))) for s in params.stop]
+    cut = min((i for i in ends if i >= 0), default=-1)
+    return (out[:cut], "stop") if cut >= 0 else (out, finish)
+
+
+def _logprobs(prompt: str, generated: str, params: SamplingParams) -> tuple[float, ...] | None:
+    if not params.logprobs:
+        return None
+    return tuple(_token_logprob(p, c) for p, c in zip(prompt[-1:] + generated, generated, strict=False))
+
+
 class MockBackend(BaseBackend):
     """The deterministic reference adapter.
 
@@ -99,6 +133,12 @@ class MockBackend(BaseBackend):
         model: The model name reported in results and the fingerprint.
         images: Claim `Capabilities.images` (accept image parts); false to test refusals.
         tools: Claim `Capabilities.tools` (accept tools and return tool calls); false to test refusals.
+        max_model_len: The context length in the mock's tokens (characters): a prompt plus ``max_tokens``
+            (a context plus continuation) over it is a `ContextLengthError`; ``None``: no limit.
+        thinking: Make the mock a reasoning model (`_mock_thinking`: it thinks its prompt backwards before it
+            answers, ``reasoning_effort`` and ``thinking_budget`` honoured). ``"split"``: the thought in
+            `Completion.reasoning` (a backend with a reasoning parser; stop strings end the answer only);
+            ``"inline"``: the thought in the text, closed by ``</think>`` (a server without one); ``"off"``.
     """
 
     name = "mock"
@@ -117,6 +157,8 @@ class MockBackend(BaseBackend):
         model: str = "mock-echo",
         images: bool = True,
         tools: bool = True,
+        max_model_len: int | None = None,
+        thinking: ThinkingMode = "off",
     ) -> None:
         # Options may come from the command line as text: a wrong type is a clear error, not a TypeError.
         numbers: dict[str, float | None] = {
@@ -129,10 +171,13 @@ class MockBackend(BaseBackend):
             "fail_attempts": fail_attempts,
             "seed": seed,
             "max_concurrency": max_concurrency,
+            "max_model_len": max_model_len,
         }
         for kind, check, values in (("a number", is_number, numbers), ("an integer", is_int, integers)):
             for option, value in values.items():
-                if not check(value) and not (value is None and option in ("retry_after", "max_concurrency")):
+                if not check(value) and not (
+                    value is None and option in ("retry_after", "max_concurrency", "max_model_len")
+                ):
                     raise InvalidRequestError(f"mock option {option} must be {kind}, got {value!r}")
         if latency < 0 or jitter < 0:
             raise InvalidRequestError("latency and jitter must be >= 0")
@@ -142,8 +187,12 @@ class MockBackend(BaseBackend):
             raise InvalidRequestError(f"failure must be one of {sorted(_FAILURES)}, got {failure!r}")
         self.latency, self.jitter = float(latency), float(jitter)
         self.failure_rate, self.fail_attempts = failure_rate, fail_attempts
+        if thinking not in ("off", "split", "inline"):
+            raise InvalidRequestError(f"mock option thinking must be off, split or inline, got {thinking!r}")
+        self.thinking: ThinkingMode = thinking
         self.failure, self.retry_after = failure, retry_after
         self.model = model
+        self.max_model_len = max_model_len
         self._rng = random.Random(seed)
         self.capabilities = Capabilities(
             loglikelihood=True,
@@ -161,12 +210,23 @@ class MockBackend(BaseBackend):
             regex=True,
             images=bool(images),
             tools=bool(tools),
+            reasoning=thinking == "split",
+            reasoning_effort=thinking != "off",
+            thinking_budget=thinking != "off",
         )
         self.attempts: Counter[str | None] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
         self.cancelled = 0
         self.completed = 0
+
+    def _check_length(self, tokens: int, request_id: str | None) -> None:
+        if self.max_model_len is not None and tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"mock: {tokens} tokens (prompt plus max_tokens) exceed max_model_len={self.max_model_len}",
+                backend=self.name,
+                request_id=request_id,
+            )
 
     @property
     def fingerprint(self) -> dict[str, str]:
@@ -231,6 +291,7 @@ class MockBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        self._check_length(len(text) + params.max_tokens, request.request_id)
         constrained = self._constrained(request)
         call = self._tool_call(request, text)
         await self._attempt(request.request_id or text, request.request_id)
@@ -241,7 +302,7 @@ class MockBackend(BaseBackend):
                 prompt_tokens=len(text),
                 model=self.model,
             )
-        min_tokens = params.min_tokens or 0
+        thought = thought_of(text, params) if self.thinking != "off" else None
         completions = []
         for index in range(params.n):
             chars = list(text)
@@ -250,23 +311,47 @@ class MockBackend(BaseBackend):
             elif not params.greedy:
                 seed = params.seed if params.seed is not None else random.getrandbits(64)
                 random.Random(f"{seed}:{index}").shuffle(chars)
-            while len(chars) < min_tokens:  # EOS is not allowed yet: the echo goes round again
-                chars += chars[: min_tokens - len(chars)]
-            out = "".join(chars[: params.max_tokens])
-            # EOS may not come before min_tokens: with min_tokens == max_tokens the limit always ends it.
-            limited = len(chars) > params.max_tokens or min_tokens >= max(1, params.max_tokens)
-            finish = "length" if limited else "stop"
-            # A stop string ends a completion only once min_tokens are out.
-            ends = [out.find(s, max(0, min_tokens - len(s))) for s in params.stop]
-            cut = min((i for i in ends if i >= 0), default=-1)
-            if cut >= 0:
-                out, finish = out[:cut], "stop"
-            logprobs = None
-            if params.logprobs:
-                logprobs = tuple(_token_logprob(p, c) for p, c in zip(text[-1:] + out, out, strict=False))
-            completions.append(Completion(out, tuple(map(ord, out)), logprobs, finish))
+            completions.append(self._completion(text, chars, thought, params))
         return GenerationResult(
             request.request_id, tuple(completions), prompt_tokens=len(text), model=self.model
+        )
+
+    def _completion(
+        self, prompt: str, chars: list[str], thought: str | None, params: SamplingParams
+    ) -> Completion:
+        """One completion: the thought (if the mock thinks), then the answer ``chars``, within max_tokens."""
+        before = "" if thought is None else thought + (THINK_END if self.thinking == "inline" else "")
+        if len(before) > params.max_tokens:
+            return self._cut_while_thinking(prompt, before[: params.max_tokens], params)
+        out, finish = _answer(chars, params.max_tokens - len(before), params.min_tokens or 0)
+        if self.thinking == "split" and thought is not None:
+            # The stop strings end the answer only: a "\n" inside the thought does not cut it.
+            out, finish = _stopped(out, finish, params)
+            return Completion(
+                out,
+                tuple(map(ord, thought + out)),
+                _logprobs(prompt, thought + out, params),
+                finish,
+                reasoning=thought,
+                reasoning_tokens=len(thought),
+            )
+        # Without a reasoning parser (off, inline) the text is all that was generated: stops apply to it all.
+        out, finish = _stopped(before + out, finish, params)
+        return Completion(out, tuple(map(ord, out)), _logprobs(prompt, out, params), finish)
+
+    def _cut_while_thinking(self, prompt: str, generated: str, params: SamplingParams) -> Completion:
+        """max_tokens ran out before the thought ended: no answer (split), or the open thought (inline)."""
+        if self.thinking == "inline":
+            text, finish = _stopped(generated, "length", params)
+            return Completion(text, tuple(map(ord, text)), _logprobs(prompt, text, params), finish)
+        return Completion(
+            "",
+            tuple(map(ord, generated)),
+            _logprobs(prompt, generated, params),
+            "length",
+            reasoning=generated,
+            reasoning_tokens=len(generated),
+            reasoning_truncated=True,
         )
 
     def _tool_call(self, request: GenerationRequest, text: str) -> ToolCall | None:
@@ -318,6 +403,7 @@ class MockBackend(BaseBackend):
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score with the mock's fixed distribution; greedy means the continuation echoes the context."""
+        self._check_length(len(request.context) + len(request.continuation), request.request_id)
         await self._attempt(request.request_id or request.context + request.continuation, request.request_id)
         parts = self._score(request.context, request.continuation)
         return LoglikelihoodResult(

@@ -15,6 +15,12 @@ server unlocks what the plain OpenAI API cannot do exactly:
   comes back with its logprob and the top-1 alternative (which says whether it is greedy);
 - generated token ids (``return_token_ids``) and ``top_k``.
 
+Generations are sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into
+the answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole
+generation; requests offering tools are sent whole (a server's tool parser may stream calls differently).
+Scoring requests are short and bounded by the idle limit as a whole. A length refusal (OpenAI's
+``context_length_exceeded``, vLLM serve's "maximum context length") is a `ContextLengthError`.
+
 Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
 exact tokenizer a context/continuation split on text would score the wrong tokens. Errors are mapped by
 `_http.error_for_status` (400/404/422 -> `RequestRejectedError`, 401/403 -> `AuthenticationError`, 429 ->
@@ -25,12 +31,14 @@ a rejection, since retrying cannot help.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._protocol import BaseBackend, Secret
+from .._timeouts import idle_timeout
 from .._types import (
     Completion,
     GenerationRequest,
@@ -52,12 +60,13 @@ from ._openai_wire import (
     completion_payload,
     parse_completions,
 )
+from ._streams import assemble_openai, sse_events, stream_error
 
 __all__ = ["OpenAIBackend"]
 
 ServerKind = Literal["auto", "vllm", "generic"]
 _NOT_VLLM = dict.fromkeys(
-    ("repetition_penalty", "min_p", "min_tokens", "regex"),
+    ("repetition_penalty", "min_p", "min_tokens", "regex", "thinking_budget"),
     "vLLM's extra request field; this server was not recognised as vLLM (pass server='vllm' if it is)",
 )
 
@@ -279,8 +288,20 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             )
             return GenerationResult(rid, empty, None, self.model)
         chat = request.prompt_kind == "chat"
+        if params.reasoning_effort is not None and not chat:
+            raise RequestRejectedError(
+                "openai: reasoning_effort is a chat completions field; send a chat prompt",
+                backend=self.name,
+                request_id=rid,
+            )
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
-        body = await self._post("/chat/completions" if chat else "/completions", payload, rid)
+        path = "/chat/completions" if chat else "/completions"
+        if request.tools:
+            # Tool calls are parsed by the server's tool parser, whose streamed form may differ from the
+            # whole answer's: sent whole, bounded by the total timeout alone.
+            body = await self._post(path, payload, rid)
+        else:
+            body = await self._streamed(path, payload, rid, chat=chat)
         try:
             completions, prompt_tokens, generated, model = parse_completions(
                 body, chat=chat, logprobs=params.logprobs
@@ -298,9 +319,37 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
 
     # -- wire ----------------------------------------------------------------------------------------
 
-    async def _post(self, path: str, payload: Any, rid: str | None) -> Any:
+    async def _streamed(self, path: str, payload: dict[str, Any], rid: str | None, *, chat: bool) -> Any:
+        """``payload`` sent with ``stream: true``, its chunks assembled into the answer sent whole.
+
+        Streamed so that the idle limit (``ab.Timeouts.idle``) bounds each wait for a token rather than the
+        whole generation; the chunks are put back into the non-streamed body (`_streams.assemble_openai`),
+        which is parsed as usual.
+        """
+        payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        resp = await self._http.request(
+            "POST", self._api + path, json_body=payload, request_id=rid, idle=idle_timeout()
+        )
+        if resp.status >= 300 or "text/event-stream" not in resp.headers.get("Content-Type", ""):
+            return self._json(resp, rid)  # an error, or a server that answered whole all the same
+        try:
+            chunks = sse_events(resp.body)
+            failed = stream_error(chunks)
+            body = None if failed is not None else assemble_openai(chunks, chat=chat)
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+            raise self._malformed(rid, exc) from exc
+        if failed is not None:
+            # A failure after the stream began (vLLM sends one error chunk): its code is the status.
+            error = failed["error"]
+            code = error.get("code") if isinstance(error, Mapping) else None
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            raise error_for_status(status, json.dumps(failed), backend=self.name, request_id=rid)
+        return body
+
+    async def _post(self, path: str, payload: Any, rid: str | None, idle: float | None = None) -> Any:
         return self._json(
-            await self._http.request("POST", self._api + path, json_body=payload, request_id=rid), rid
+            await self._http.request("POST", self._api + path, json_body=payload, request_id=rid, idle=idle),
+            rid,
         )
 
     def _json(self, resp: HTTPResponse, rid: str | None) -> Any:

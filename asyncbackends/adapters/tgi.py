@@ -22,13 +22,19 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 
 ``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
-sending. Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError`, 429 ->
+sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). Text prompts
+are generated through ``POST /generate_stream`` and the events put back into ``/generate``'s answer
+(`_streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; scoring and
+tokenizing are short and bounded by it as a whole; the chat route is not streamed (``total`` alone bounds
+it). Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError` (a length error:
+`ContextLengthError`), 429 ->
 `RateLimitedError`, 503 -> `BackendUnavailableError`, 424 and other 5xx -> retryable `BackendError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -38,6 +44,7 @@ from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._protocol import BaseBackend, Secret
 from .._tasks import all_or_nothing
 from .._text import split_trailing_space
+from .._timeouts import idle_timeout
 from .._types import (
     Capabilities,
     Completion,
@@ -46,9 +53,24 @@ from .._types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
+from ..errors import (
+    AuthenticationError,
+    BackendError,
+    ContextLengthError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
 from ._credentials import resolve_token
-from ._http import HTTPResponse, HTTPTransport, json_body, malformed_response, poll_until_ok
+from ._http import (
+    HTTPResponse,
+    HTTPTransport,
+    error_for_status,
+    json_body,
+    malformed_response,
+    poll_until_ok,
+)
+from ._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
+from ._streams import assemble_generate, sse_events, stream_error
 from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
     UNSUPPORTED_REASONS,
@@ -71,6 +93,8 @@ T = TypeVar("T")
 # One call's completion, prompt tokens and generated tokens (each count None where the server gave none).
 _Once = tuple[Completion, int | None, int | None]
 log = logging.getLogger(__name__)
+# The status a streamed route would have answered for each of TGI's error types (its OpenAPI spec).
+_STREAM_ERROR_STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "incomplete_generation": 500}
 # How long building waits for /info before leaving it to the first request.
 _BUILD_INFO_TIMEOUT = 3.0
 
@@ -96,6 +120,9 @@ class TGIBackend(BaseBackend):
         payload_limit: The server's ``--payload-limit`` in bytes (TGI's default 2,000,000): a body over it
             (large images, as chat parts or a text prompt's markdown) is refused with `RequestRejectedError`
             before sending; ``None``: no check.
+        reasoning_tags: ``(start, end)`` that delimit a reasoning model's thinking in the text the server
+            returns (``("<think>", "</think>")``): the answer alone in ``text``, the thinking in
+            ``reasoning``; stop strings end the answer only (`_reasoning_tags`).
     """
 
     name = "tgi"
@@ -111,6 +138,7 @@ class TGIBackend(BaseBackend):
         max_concurrency: int | None = None,
         tokenizer: Any = None,
         payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
+        reasoning_tags: tuple[str, str] | None = None,
     ) -> None:
         secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
@@ -126,6 +154,7 @@ class TGIBackend(BaseBackend):
         if payload_limit is not None and (not isinstance(payload_limit, int) or payload_limit < 1):
             raise InvalidRequestError(f"payload_limit must be a positive int or None, got {payload_limit!r}")
         self.payload_limit = payload_limit
+        self.reasoning_tags = check_reasoning_tags(reasoning_tags)
         self._info: TGIInfo | None = None
         self._unlearned = uuid.uuid4().hex  # the fingerprint's stand-in until /info has answered
         self._info_lock: asyncio.Lock | None = None
@@ -144,6 +173,7 @@ class TGIBackend(BaseBackend):
             regex=True,
             images=True,
             tools=True,
+            reasoning=self.reasoning_tags is not None,
         )
 
     def __repr__(self) -> str:
@@ -161,6 +191,7 @@ class TGIBackend(BaseBackend):
         max_concurrency: int | None = None,
         tokenizer: Any = None,
         payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
+        reasoning_tags: tuple[str, str] | None = None,
     ) -> TGIBackend:
         """Build the backend and read ``GET /info`` (the model served: the cache key) before any request.
 
@@ -183,6 +214,7 @@ class TGIBackend(BaseBackend):
             max_concurrency=max_concurrency,
             tokenizer=tokenizer,
             payload_limit=payload_limit,
+            reasoning_tags=reasoning_tags,
         )
         try:
             await asyncio.wait_for(backend.info(), _BUILD_INFO_TIMEOUT)
@@ -209,7 +241,8 @@ class TGIBackend(BaseBackend):
         if info is None:
             return {"name": self.name, "url": self.url, "model_id": None, "unlearned": self._unlearned}
         identity = {"model_id": info.model_id, "model_sha": info.model_sha, "model_dtype": info.model_dtype}
-        return {"name": self.name, "url": self.url, **identity}
+        split = {"reasoning_tags": list(self.reasoning_tags)} if self.reasoning_tags else {}  # text = answer
+        return {"name": self.name, "url": self.url, **identity, **split}
 
     async def _aclose(self) -> None:
         await self._http.aclose()
@@ -294,15 +327,18 @@ class TGIBackend(BaseBackend):
         else:
             self._check_length(info, request.prompt, params.max_tokens, rid)  # type: ignore[arg-type]
             one = self._generate_once
+        tags = self.reasoning_tags
+        sent = request if tags is None else without_stops(request, self.name)  # stops end the answer only
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
         if params.n == 1:
-            outs = [await one(request, seeds[0])]
+            outs = [await one(sent, seeds[0])]
         else:
-            outs = await all_or_nothing([one(request, s) for s in seeds])
+            outs = await all_or_nothing([one(sent, s) for s in seeds])
+        got = tuple(c if tags is None else split_by_tags(c, tags, params.stop) for c, _, _ in outs)
         counted = [generated for _, _, generated in outs if generated is not None]
         return GenerationResult(
             rid,
-            tuple(c for c, _, _ in outs),
+            got,
             prompt_tokens=outs[0][1],
             model=info.model_id,
             generated_tokens=sum(counted) if len(counted) == len(outs) else None,
@@ -314,15 +350,30 @@ class TGIBackend(BaseBackend):
         """Refuse what TGI's router would refuse for length; the prompt is counted only with a tokenizer."""
         problem = length_problem(info, text, max_new, self._encode, prompt_min)
         if problem:
-            raise RequestRejectedError(problem, backend=self.name, request_id=rid)
+            raise ContextLengthError(problem, backend=self.name, request_id=rid)
 
     async def _generate_once(self, request: GenerationRequest, seed: int | None) -> _Once:
-        body, headers = await self._post("/generate", generate_payload(request, seed), request)
+        # Streamed, so that the idle limit sees each token: a long generation that keeps producing is
+        # never cut. The events are assembled into /generate's answer and parsed as it is.
+        rid = request.request_id
+        payload = generate_payload(request, seed)
+        resp = await self._send("/generate_stream", payload, rid, idle=idle_timeout())
+        if resp.status >= 300:
+            raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
         try:
-            completion = parse_generate(body, request.params)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise self._malformed(request.request_id, exc) from exc
-        return completion, int_header(headers, "x-prompt-tokens"), len(completion.token_ids)
+            events = sse_events(resp.body)
+            failed = stream_error(events)
+            if failed is None:
+                body = assemble_generate(events)
+                completion = parse_generate(body, request.params)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise self._malformed(rid, exc) from exc
+        if failed is not None:
+            # A failure after the stream began: its error_type says what the status would have been.
+            status = _STREAM_ERROR_STATUS.get(str(failed.get("error_type")), 500)
+            raise error_for_status(status, json.dumps(failed), backend=self.name, request_id=rid)
+        prompt_tokens = int_header(resp.headers, "x-prompt-tokens") or body["details"]["input_length"]
+        return completion, prompt_tokens, len(completion.token_ids)
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> _Once:
         body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
@@ -345,7 +396,10 @@ class TGIBackend(BaseBackend):
         info = await self.info(rid)
         self._check_length(info, text, 1, rid, prompt_min=2)
         parameters = {"do_sample": False, "max_new_tokens": 1, "details": True, "decoder_input_details": True}
-        scored = self._post("/generate", {"inputs": text, "parameters": parameters}, request)
+        # One token generated: the answer comes at once, so the idle limit bounds the whole wait.
+        scored = self._post(
+            "/generate", {"inputs": text, "parameters": parameters}, request, idle=idle_timeout()
+        )
         if self._encode is not None:
             k = len(self._encode(text)) - len(self._encode(context))
             body, _ = await scored
@@ -370,7 +424,7 @@ class TGIBackend(BaseBackend):
 
     async def _count_continuation(self, text: str, boundary: int, request: LoglikelihoodRequest) -> int:
         """Tokens of ``text`` that end past character ``boundary`` (the continuation's), by ``/tokenize``."""
-        body, _ = await self._post("/tokenize", {"inputs": text}, request, not_found_hint=True)
+        body, _ = await self._post("/tokenize", {"inputs": text}, request, True, idle_timeout())
         try:
             return sum(1 for t in body if t["stop"] > boundary)
         except (KeyError, TypeError) as exc:
@@ -378,14 +432,17 @@ class TGIBackend(BaseBackend):
 
     # -- wire ----------------------------------------------------------------------------------------
 
-    async def _post(
-        self, path: str, payload: Any, request: Any, not_found_hint: bool = False
-    ) -> tuple[Any, Mapping[str, str]]:
-        rid = request.request_id
+    async def _send(self, path: str, payload: Any, rid: str | None, idle: float | None) -> HTTPResponse:
         too_large = oversized(payload, self.payload_limit)  # images, in a chat or a text's markdown
         if too_large:
             raise RequestRejectedError(too_large, backend=self.name, request_id=rid)
-        resp = await self._http.request("POST", path, json_body=payload, request_id=rid)
+        return await self._http.request("POST", path, json_body=payload, request_id=rid, idle=idle)
+
+    async def _post(
+        self, path: str, payload: Any, request: Any, not_found_hint: bool = False, idle: float | None = None
+    ) -> tuple[Any, Mapping[str, str]]:
+        rid = request.request_id
+        resp = await self._send(path, payload, rid, idle)
         if resp.status == 404 and not_found_hint:
             raise RequestRejectedError(
                 "this server cannot tokenize (no fast tokenizer): pass tokenizer= to the tgi backend",

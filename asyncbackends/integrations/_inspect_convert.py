@@ -16,7 +16,9 @@ from inspect_ai.model import (
     ChatMessage,
     ChatMessageAssistant,
     ChatMessageTool,
+    Content,
     ContentImage,
+    ContentReasoning,
     ContentText,
     GenerateConfig,
     Logprob,
@@ -26,6 +28,7 @@ from inspect_ai.model import (
     StopReason,
 )
 from inspect_ai.model._call_tools import parse_tool_call
+from inspect_ai.model._reasoning import reasoning_to_think_tag
 from inspect_ai.tool import ToolChoice, ToolFunction, ToolInfo
 
 from asyncbackends._capabilities import Capabilities
@@ -56,6 +59,8 @@ MAPPED: Mapping[str, str] = {
     "presence_penalty": "presence_penalty",
     "logprobs": "logprobs",
     "response_schema": "json_schema",
+    "reasoning_effort": "reasoning_effort",
+    "reasoning_tokens": "thinking_budget",
 }
 """`GenerateConfig` field -> the `SamplingParams` field it sets."""
 
@@ -76,6 +81,9 @@ INSPECT_SIDE = frozenset(
         "cache",
         "fallback_models",
         "fail_on_refusal",
+        # inspect drops reasoning from the history it hands the provider ("none", "last", "auto": our
+        # `auto_reasoning_history`) before calling it; what is left is sent as <think> text (`messages_of`).
+        "reasoning_history",
     }
 )
 """`GenerateConfig` fields inspect honours itself: nothing for a provider to send."""
@@ -91,6 +99,7 @@ _NEUTRAL: Mapping[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: not v,
     "extra_headers": lambda v: not v,
     "extra_body": lambda v: not v,
+    "reasoning_summary": lambda v: v == "none",
 }
 
 # Why each refused field cannot be honoured: said in the error.
@@ -101,6 +110,7 @@ _WHY = {
     "prompt_logprobs": "generation results carry no prompt logprobs",
     "extra_headers": "backends take their HTTP settings as model args (-M)",
     "extra_body": "backends take their settings as model args (-M)",
+    "reasoning_summary": "backends return the thinking itself (ContentReasoning), not a summary of it",
 }
 
 
@@ -171,6 +181,10 @@ def _parts_of(message: ChatMessage, index: int) -> str | list[dict[str, Any]]:
     for number, part in enumerate(message.content):
         if isinstance(part, ContentText):
             parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, ContentReasoning):
+            # Reasoning history inspect kept (`reasoning_history`): sent as <think> text, as inspect's own
+            # OpenAI-compatible, vLLM and Hugging Face providers send it.
+            parts.append({"type": "text", "text": reasoning_to_think_tag(part)})
         elif isinstance(part, ContentImage):
             if part.detail != "auto":
                 raise InvalidRequestError(
@@ -179,8 +193,8 @@ def _parts_of(message: ChatMessage, index: int) -> str | list[dict[str, Any]]:
             parts.append(image_part(part.image))
         else:
             raise InvalidRequestError(
-                f"input[{index}].content[{number}] is {type(part).__name__}: asyncbackends sends text and "
-                "images only"
+                f"input[{index}].content[{number}] is {type(part).__name__}: asyncbackends sends text, "
+                "reasoning and images only"
             )
     if all(p["type"] == "text" for p in parts):
         # vLLM's chat rendering joins the text parts of a string-format template with newlines: the same here,
@@ -263,9 +277,23 @@ def _message(completion: Completion, model: str, tools: list[ToolInfo]) -> ChatM
         parse_tool_call(c.id, c.name, c.arguments, tools)
         for c in completion.tool_calls
     ]
+    content: str | list[Content] = completion.text
+    if completion.reasoning or completion.reasoning_truncated:
+        # The thinking apart from the answer, as inspect's providers for reasoning models return it: the
+        # message's text (what scorers read) is the answer alone.
+        content = [ContentReasoning(reasoning=completion.reasoning or ""), ContentText(text=completion.text)]
     return ChatMessageAssistant(
-        content=completion.text, model=model, source="generate", tool_calls=calls or None
+        content=content,
+        model=model,
+        source="generate",
+        tool_calls=calls or None,
     )
+
+
+def _stop_reason(completion: Completion) -> StopReason:
+    if completion.reasoning_truncated:
+        return "max_tokens"  # cut off while thinking, whatever word the backend used
+    return _STOP_REASONS.get(completion.finish_reason or "", "unknown")
 
 
 def model_output(
@@ -278,6 +306,9 @@ def model_output(
     token_text: Callable[[int], str],
 ) -> ModelOutput:
     """The `ModelOutput` of one result: a choice per completion, usage filled in.
+
+    A completion with reasoning becomes a message of a `ContentReasoning` and the answer's `ContentText`;
+    one cut off while thinking stops for ``"max_tokens"`` with an empty answer.
 
     Args:
         result: What the backend returned.
@@ -292,7 +323,7 @@ def model_output(
     choices = [
         ChatCompletionChoice(
             message=_message(c, name, tools),
-            stop_reason=_STOP_REASONS.get(c.finish_reason or "", "unknown"),
+            stop_reason=_stop_reason(c),
             logprobs=_logprobs(c, token_text),
         )
         for c in result.completions
@@ -300,7 +331,11 @@ def model_output(
     generated = result.generated_tokens  # the server's own count, where it reports one
     if generated is None:
         generated = sum(output_tokens(c) for c in result.completions)
+    thinking = any(c.reasoning is not None or c.reasoning_tokens for c in result.completions)
     usage = ModelUsage(
-        input_tokens=input_tokens, output_tokens=generated, total_tokens=input_tokens + generated
+        input_tokens=input_tokens,
+        output_tokens=generated,  # thinking included, as OpenAI counts completion tokens
+        total_tokens=input_tokens + generated,
+        reasoning_tokens=sum(c.reasoning_tokens for c in result.completions) if thinking else None,
     )
     return ModelOutput(model=name, choices=choices, usage=usage)

@@ -54,8 +54,9 @@ from asyncbackends._parse import parse_option_value
 from asyncbackends._protocol import AsyncBackend
 from asyncbackends._registry import _factory, _load, _parameters, create_backend, required_options
 from asyncbackends._results import Completion
-from asyncbackends._types import GenerationRequest
-from asyncbackends.errors import BackendError, InvalidRequestError, RateLimitedError
+from asyncbackends._timeouts import DEFAULT_IDLE, set_idle_timeout
+from asyncbackends._types import GenerationRequest, GenerationResult
+from asyncbackends.errors import BackendError, ContextLengthError, InvalidRequestError, RateLimitedError
 from asyncbackends.integrations._inspect_convert import (
     messages_of,
     model_output,
@@ -165,6 +166,11 @@ async def _release(key: str) -> None:
     await get_loop_manager().arun(entry.backend.aclose())
 
 
+async def _generate(backend: AsyncBackend, request: GenerationRequest, idle: float) -> GenerationResult:
+    set_idle_timeout(idle)  # in this task, on the shared loop: what the adapter's stream reads
+    return await backend.generate(request)
+
+
 class _RetryAfterWait(wait_base):
     """inspect's default backoff, but a rate limit's Retry-After when the error carries one."""
 
@@ -262,7 +268,15 @@ class AsyncBackendsAPI(ModelAPI):
             "tools": [t.to_openai() for t in request.tools],
             "tool_choice": request.tool_choice,
         }
-        result = await get_loop_manager().arun(self.backend.generate(request))
+        # inspect's stream_idle_timeout is our idle limit (inspect times attempts itself, attempt_timeout).
+        idle = config.stream_idle_timeout or DEFAULT_IDLE
+        try:
+            result = await get_loop_manager().arun(_generate(self.backend, request, idle))
+        except ContextLengthError as exc:
+            # inspect's own stop reason for a prompt the model cannot hold: the sample ends there, with no
+            # answer to grade (never the error's text as one).
+            output = ModelOutput.from_content(self.model_name, "", stop_reason="model_length", error=str(exc))
+            return output, ModelCall.create(call, {"error": str(exc)})
         input_tokens = result.prompt_tokens
         if input_tokens is None:
             input_tokens = await self.count_tokens(input, config)
@@ -276,7 +290,12 @@ class AsyncBackendsAPI(ModelAPI):
         )
         response = {
             "completions": [
-                {"text": c.text, "tool_calls": [t.to_openai() for t in c.tool_calls]}
+                {
+                    "text": c.text,
+                    "reasoning": c.reasoning,
+                    "reasoning_truncated": c.reasoning_truncated,
+                    "tool_calls": [t.to_openai() for t in c.tool_calls],
+                }
                 for c in result.completions
             ],
             "usage": output.usage,

@@ -19,9 +19,12 @@ absolute imports only.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from asyncbackends._install import pip_install
@@ -33,7 +36,7 @@ try:
     from lighteval.tasks.prompt_manager import PromptManager
     from lighteval.tasks.requests import Doc, SamplingMethod
     from lighteval.utils.cache_management import SampleCache, cached
-    from pydantic import Field
+    from pydantic import Field, field_validator
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise ModuleNotFoundError(
         f"asyncbackends.integrations.lighteval needs lighteval ({exc.name!r} is missing): "
@@ -55,7 +58,9 @@ from asyncbackends._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
-from asyncbackends.errors import InvalidRequestError
+from asyncbackends.errors import ContextLengthError, InvalidRequestError
+from asyncbackends.integrations._failed_samples import FAILED_SCORE, eval_timeouts, length_failures
+from asyncbackends.integrations._thinking import answer_without_tags, check_tag_pairs
 
 __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 
@@ -91,7 +96,9 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"openai"``, ``"mock"``...).
         backend_options: Passed to `create_backend` unchanged (``model``, ``dtype``, ``url``...).
         concurrency: Requests in flight; ``None`` takes the backend's own hint.
-        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
+            takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
         max_attempts: Attempts per request for retryable errors, the first included.
         use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring).
         max_length: The model's context length, reported to lighteval; ``None`` asks the backend.
@@ -99,6 +106,12 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         ignore_generation_parameters: ``generation_parameters`` fields to drop on purpose (each logged once);
             any other set field with no equivalent (``length_penalty``, ``early_stopping=True``,
             ``truncate_prompt=True``) is an error when the model is built.
+        reasoning_tags: For a backend that returns a thinking model's thought in its text: the ``(start,
+            end)`` tag pairs, as lighteval's ``--reasoning-tags`` takes them: ``"[('<think>', '</think>')]"``.
+            The thought is removed here (`answer_without_tags`), with the cases lighteval's removal misses:
+            an end tag with no start (the template opened the thought) ends it, and no end tag at all (cut
+            off by the token limit) is an empty answer. Stops then apply to the answer only. A backend that
+            splits the thinking itself (`Completion.reasoning`) needs none.
         model_definition_file_path: Where lighteval's loader finds the model class; this module by default.
     """
 
@@ -107,11 +120,25 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     backend_options: dict[str, Any] = Field(default_factory=dict)
     concurrency: int | None = None
     timeout: float | None = None
+    idle_timeout: float | None = None
     max_attempts: int = 3
     use_chat_template: bool = False
     max_length: int | None = None
     progress: bool = True
     ignore_generation_parameters: list[str] = Field(default_factory=list)
+    reasoning_tags: list[tuple[str, str]] | None = None
+
+    @field_validator("reasoning_tags", mode="before")
+    @classmethod
+    def _tag_pairs(cls, value: Any) -> list[tuple[str, str]] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = ast.literal_eval(value)  # lighteval's own spelling on its command line
+            except (ValueError, SyntaxError) as exc:
+                raise InvalidRequestError(f"reasoning_tags is not a list of pairs: {value!r}") from exc
+        return check_tag_pairs(value)
 
 
 class AsyncBackendsModel(LightevalModel):
@@ -176,14 +203,17 @@ class AsyncBackendsModel(LightevalModel):
         return str(getattr(self.backend, "name", type(self.backend).__name__))
 
     def _run(self, requests: Sequence[Any], label: str) -> list[Any]:
-        return run_batch(
+        results = run_batch(
             self.backend,
             requests,
             concurrency=self.config.concurrency,
-            timeout=self.config.timeout,
+            timeout=eval_timeouts(self.config.timeout, self.config.idle_timeout),
             retry=self.retry,
             progress=f"{self._name}: {label}" if self.config.progress else False,
+            return_exceptions=True,
         )
+        length_failures(results, label, log)  # raises any other error; those stay in place as failed samples
+        return results
 
     def _chat(self) -> bool:
         return bool(self.config.use_chat_template)
@@ -237,21 +267,47 @@ class AsyncBackendsModel(LightevalModel):
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Generate ``doc.num_samples`` completions per document, one request each, in document order."""
         prompts = [self._generation_prompt(doc) for doc in docs]
+        params = [self.sampling_params(doc) for doc in docs]
+        tags = self.config.reasoning_tags
+        # A backend that cannot tell thinking from answer would end a thought at an answer-level stop: the
+        # stops then apply to the answer once the thinking is removed here.
+        split_here = bool(tags) and not self.backend.capabilities.reasoning
         requests = [
-            GenerationRequest(prompt, self.sampling_params(doc), request_id=f"generate-{index}")
-            for index, (prompt, doc) in enumerate(zip(prompts, docs, strict=True))
+            GenerationRequest(prompt, replace(p, stop=()) if split_here else p, request_id=f"generate-{i}")
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
         ]
         results: list[GenerationResult] = self._run(requests, "generate")
         responses = []
-        for prompt, result in zip(prompts, results, strict=True):
+        unclosed = total = 0
+        for prompt, p, doc, result in zip(prompts, params, docs, results, strict=True):
+            if isinstance(result, ContextLengthError):  # a failed sample: empty answers, never the error
+                text = [""] * doc.num_samples
+                responses.append(
+                    ModelResponse(input=_listed(prompt), text=text, output_tokens=[[]] * len(text))
+                )
+                continue
             first = result.completions[0]
+            answers = [answer_without_tags(c, tags or ()) for c in result.completions]
+            unclosed += sum(a.unclosed for a in answers)
+            total += len(answers)
             responses.append(
                 ModelResponse(
-                    input=prompt if isinstance(prompt, str) else list(prompt),
-                    text=[c.text for c in result.completions],
+                    input=_listed(prompt),
+                    text=[
+                        re.split("|".join(map(re.escape, p.stop)), a.text)[0] if p.stop else a.text
+                        for a in answers
+                    ],
+                    reasonings=[c.reasoning for c in result.completions],
                     output_tokens=[list(c.token_ids) for c in result.completions],
                     logprobs=list(first.logprobs or []),
                 )
+            )
+        if unclosed:
+            log.warning(
+                "%d of %d generations were cut off while thinking (the token limit came first): scored as "
+                "empty answers",
+                unclosed,
+                total,
             )
         return responses
 
@@ -282,8 +338,8 @@ class AsyncBackendsModel(LightevalModel):
                 ModelResponse(
                     input=context,
                     # lighteval's PMI normalisation reads the unconditioned scores after the conditioned ones.
-                    logprobs=[float(r.logprob) for r in scored],
-                    argmax_logits_eq_gold=[bool(r.is_greedy) for r in choices],
+                    logprobs=[_logprob(r) for r in scored],
+                    argmax_logits_eq_gold=[_greedy(r) for r in choices],
                 )
             )
         return responses
@@ -300,9 +356,22 @@ class AsyncBackendsModel(LightevalModel):
             [RollingLoglikelihoodRequest(text) for text in texts], "loglikelihood_rolling"
         )
         return [
-            ModelResponse(input=text, logprobs=[float(r.logprob)], argmax_logits_eq_gold=[bool(r.is_greedy)])
+            ModelResponse(input=text, logprobs=[_logprob(r)], argmax_logits_eq_gold=[_greedy(r)])
             for text, r in zip(texts, results, strict=True)
         ]
+
+
+def _listed(prompt: Any) -> Any:
+    return prompt if isinstance(prompt, str) else list(prompt)
+
+
+def _logprob(result: LoglikelihoodResult | ContextLengthError) -> float:
+    # A request that did not fit the model is a failed sample: below every real score.
+    return FAILED_SCORE if isinstance(result, ContextLengthError) else float(result.logprob)
+
+
+def _greedy(result: LoglikelihoodResult | ContextLengthError) -> bool:
+    return not isinstance(result, ContextLengthError) and bool(result.is_greedy)
 
 
 def _check_generation_parameters(config: AsyncBackendsModelConfig) -> None:

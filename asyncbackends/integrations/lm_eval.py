@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .._install import pip_install
@@ -43,8 +44,10 @@ from .._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
-from ..errors import InvalidRequestError
+from ..errors import ContextLengthError, InvalidRequestError
+from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
 from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
+from ._thinking import answer_after
 
 __all__ = ["MODEL_NAME", "AsyncBackendsLM", "main"]
 
@@ -91,13 +94,18 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"mock"``...) or a backend object.
         concurrency: Requests in flight; ``None`` takes lm-eval's ``batch_size`` when it is above 1, else the
             backend's own hint.
-        timeout: Seconds allowed per attempt; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
+            takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
         max_attempts: Attempts per request for retryable errors, the first included.
         progress: Show a progress bar per batch.
         cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.
         max_gen_toks: Tokens generated when a task does not say (lm-eval's default is 256).
         ignore_gen_kwargs: Generation kwargs to drop on purpose (a list, or names joined by ``|`` in
             ``--model_args``), each logged once; any other key with no equivalent is an error.
+        think_end_token: lm-eval's option for reasoning models: what ends the thinking (``"</think>"``). The
+            scored text is what follows it; a generation without it never finished thinking and scores as an
+            empty answer. A backend that splits the thinking itself (`Completion.reasoning`) needs none.
         batch_size: Given by lm-eval; an integer above 1 is the concurrency unless ``concurrency`` is set.
         max_batch_size: Given by lm-eval; ignored.
         device: Given by lm-eval; ignored (the backend decides where it runs).
@@ -110,11 +118,13 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         *,
         concurrency: int | None = None,
         timeout: float | None = None,
+        idle_timeout: float | None = None,
         max_attempts: int = 3,
         progress: bool = True,
         cache: str | None = None,
         max_gen_toks: int = 256,
         ignore_gen_kwargs: str | Sequence[str] = (),
+        think_end_token: str | None = None,
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
@@ -131,7 +141,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         else:
             self.backend = backend
         self.concurrency = _concurrency(concurrency, batch_size)
-        self.timeout = None if timeout is None else float(timeout)
+        self.timeout = eval_timeouts(timeout, idle_timeout)
         self.retry = RetryPolicy(max_attempts=int(max_attempts))
         self.progress = bool(progress)
         self.cache = cache
@@ -139,6 +149,10 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         names = ignore_gen_kwargs.split("|") if isinstance(ignore_gen_kwargs, str) else ignore_gen_kwargs
         self.ignore_gen_kwargs = frozenset(n.strip() for n in names if n.strip())
         self._ignored_gen_keys: set[str] = set()
+        if think_end_token is not None and (not isinstance(think_end_token, str) or not think_end_token):
+            # lm-eval's hf model also takes a token id; our backends return text, so the token's text it is.
+            raise InvalidRequestError(f"think_end_token must be the token's text, got {think_end_token!r}")
+        self.think_end_token = think_end_token
         self._warned_is_greedy = False
         # lm-eval runs multimodal tasks only on a model that says it takes images.
         self.MULTIMODAL = bool(getattr(self.backend.capabilities, "images", False))
@@ -174,7 +188,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             retry=self.retry,
             progress=f"{self.backend_name}: {label}" if self.progress and self.rank == 0 else False,
             cache=self.cache,
+            return_exceptions=True,
         )
+        length_failures(results, label, log)  # raises any other error; those stay in place as failed samples
         if order is None:
             return results
         ordered: list[Any] = [None] * len(results)
@@ -198,6 +214,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood", order)
         answers = []
         for arg, result in zip(args, results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append((FAILED_LOGPROB, False))  # a failed sample: never cached
+                continue
             if result.is_greedy is None and not self._warned_is_greedy:
                 self._warned_is_greedy = True
                 log.warning(
@@ -217,6 +236,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         results: list[LoglikelihoodResult] = self._run(batch, "loglikelihood_rolling")
         answers = []
         for arg, result in zip(args, results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append(FAILED_LOGPROB)
+                continue
             self.cache_hook.add_partial("loglikelihood_rolling", arg, float(result.logprob))
             answers.append(float(result.logprob))
         return answers
@@ -285,25 +307,44 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
                 "capabilities.images is false): use an image-capable backend, e.g. vllm with a "
                 "vision-language model"
             )
-        batch = [
-            GenerationRequest(
-                chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
-                self.sampling_params(arg[1]),
-                request_id=f"generate-{index}",
+        # A backend that splits the thinking ends generation at a stop only once thinking has ended; one that
+        # does not would end a thought at an answer-level stop ("\n\n" inside it): as lm-eval's vllm model
+        # does, the stops then apply after the thinking is split off here.
+        split_here = self.think_end_token is not None and not self.backend.capabilities.reasoning
+        batch = []
+        for index, (arg, visual) in enumerate(zip(args, visuals, strict=True)):
+            params = self.sampling_params(arg[1])
+            batch.append(
+                GenerationRequest(
+                    chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
+                    replace(params, stop=()) if split_here else params,
+                    request_id=f"generate-{index}",
+                )
             )
-            for index, (arg, visual) in enumerate(zip(args, visuals, strict=True))
-        ]
         # Longest prompts first: the last requests to start are the short ones, so the run's tail is short.
         order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0]))
         results: list[GenerationResult] = self._run(batch, "generate_until", order)
         answers = []
-        for arg, request, result in zip([a[:2] for a in args], batch, results, strict=True):
-            text = result.text
+        unclosed = 0
+        for arg, result in zip([a[:2] for a in args], results, strict=True):
+            if isinstance(result, ContextLengthError):
+                answers.append("")  # a failed sample, scored as such: never the error's text
+                continue
+            answer = answer_after(result.completions[0], self.think_end_token)
+            unclosed += answer.unclosed
+            text = answer.text
             # A backend that ignores stop strings would leak the text after them: cut as lm-eval's models do.
-            for stop in request.params.stop:
+            for stop in self.sampling_params(arg[1]).stop:
                 text = text.split(stop)[0]
             self.cache_hook.add_partial("generate_until", arg, text)
             answers.append(text)
+        if unclosed:
+            log.warning(
+                "%d of %d generations were cut off while thinking (max_gen_toks reached first): scored as "
+                "empty answers",
+                unclosed,
+                len(answers),
+            )
         return answers
 
     def close(self) -> None:

@@ -107,7 +107,6 @@ def build_tiny_vlm(path: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _write_vlm(directory: Path) -> None:
-    import torch
     from tokenizers import AddedToken, processors
     from transformers import (
         Idefics3Config,
@@ -118,7 +117,7 @@ def _write_vlm(directory: Path) -> None:
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
     from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
 
-    from .tiny_model import TINY_MODEL_CONFIG, _train_tokenizer
+    from .tiny_model import TINY_MODEL_CONFIG, _train_tokenizer, random_model
 
     tokenizer = _train_tokenizer()
     # The chat template writes the BOS token; a tokenizer that added one too would give prompts rendered
@@ -143,13 +142,7 @@ def _write_vlm(directory: Path) -> None:
         tie_word_embeddings=False,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_SEED)
-        model = Idefics3ForConditionalGeneration(config)  # type: ignore[no-untyped-call]
-        with torch.no_grad():  # as build_tiny_model: distinct greedy choices make comparisons meaningful
-            for parameter in model.parameters():
-                if parameter.dim() > 1:
-                    parameter.normal_(0.0, 0.08)
+    model = random_model(Idefics3ForConditionalGeneration, config, _SEED)
     model.save_pretrained(directory, safe_serialization=True)
     edge = {"longest_edge": TINY_VLM_IMAGE_SIZE}
     image_processor = Idefics3ImageProcessorPil(size=edge, max_image_size=edge, do_image_splitting=False)

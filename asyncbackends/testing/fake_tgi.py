@@ -88,7 +88,14 @@ class FakeTGIServer:
         drop_rate: Probability the connection is dropped without an answer.
         hang_rate: Probability it never answers (until the client gives up or the server stops).
         fail_attempts: Each input's first ``fail_attempts`` attempts fail with ``failure``.
-        failure: What those failures are: 429, 503, 424, 500, ``"drop"`` or ``"hang"``.
+        failure: What those failures are: 429, 503, 424, 500, ``"drop"``, ``"hang"`` or ``"stall"`` (a
+            stream stops sending after ``stall_after`` tokens and never ends; a route that does not
+            stream hangs).
+        token_interval: Seconds between two generated tokens: a stream sends each token when it is due, a
+            route that does not stream answers once the last one is (a server generating at that pace).
+        time_scale: Every wait of the server (latency, token interval) is multiplied by it, so a test plays
+            a 20-minute generation in seconds (scale the client's timeouts by the same factor).
+        stall_after: Tokens a ``"stall"`` stream sends before it stops.
         retry_after: A ``Retry-After`` header value for 429s (TGI sends none; proxies do).
         ready_after: Seconds after start during which ``GET /health`` answers 503.
         legacy_info: Report ``max_input_length`` in ``/info`` as TGI < 2.0 did, not ``max_input_tokens``.
@@ -129,6 +136,9 @@ class FakeTGIServer:
         record: bool = True,
         seed: int = 0,
         concurrency: int | None = None,
+        token_interval: float = 0.0,
+        time_scale: float = 1.0,
+        stall_after: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -144,6 +154,7 @@ class FakeTGIServer:
         self.model_sha = model_sha
         self.info_latency = info_latency
         self.concurrency = concurrency
+        self.token_interval, self.time_scale, self.stall_after = token_interval, time_scale, stall_after
         self._slots: asyncio.Semaphore | None = None
         self.healthy = True
         self._rng = random.Random(seed)
@@ -261,18 +272,23 @@ class FakeTGIServer:
             return response
         except WireError as err:
             headers = {"Retry-After": self.retry_after} if err.status == 429 and self.retry_after else None
+            if path == "/generate_stream" and not err.text:
+                # The spec gives a streamed route's errors as one server-sent event with the ErrorResponse.
+                return await self._sse(request, path, err.status, [err.body], headers=headers)
             return self._error(path, err, headers)
 
-    async def _inject(self, request: web.Request, key: str) -> None:
-        """Maybe fail this attempt, as configured; then sleep the latency."""
+    async def _inject(self, request: web.Request, key: str, *, stream: bool = False) -> bool:
+        """Maybe fail this attempt, as configured; then sleep the latency. True: the stream is to stall."""
         failure = choose_failure(self.attempts[key], self.fail_attempts, self.failure, self.rates, self._rng)
-        await fail(failure, request, self._stopping)
-        delay = self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
+        stall: bool = failure == "stall"
+        await fail("hang" if stall and not stream else None if stall else failure, request, self._stopping)
+        delay = (self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)) * self.time_scale
         if self._slots is not None:
             async with self._slots:
                 await asyncio.sleep(delay)
         elif delay:
             await asyncio.sleep(delay)
+        return stall
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
         params = deserialize_parameters(body, extra={"stream": "bool", "add_special_tokens": "bool"})
@@ -304,6 +320,8 @@ class FakeTGIServer:
         req = self._validate(body)
         await self._inject(request, key)
         gen = self._run_model(req)
+        if self.token_interval:  # the answer comes once its last token is generated
+            await asyncio.sleep(len(gen.tokens) * self.token_interval * self.time_scale)
         text = req.inputs + gen.text if req.return_full_text else gen.text
         response: dict[str, Any] = {"generated_text": text}
         if req.details:
@@ -348,22 +366,45 @@ class FakeTGIServer:
     async def _stream(self, request: web.Request, body: Any, path: str, key: str) -> web.StreamResponse:
         try:
             req = self._validate(body, stream=True)
-            await self._inject(request, key)
+            stall = await self._inject(request, key, stream=True)
         except WireError as err:
-            if err.text:
-                raise
+            if err.text or path == "/generate_stream":
+                raise  # answered by _guarded, as an event
             # The spec gives streamed errors as one server-sent event carrying the ErrorResponse.
             return await self._sse(request, path, err.status, [err.body])
         events = stream_events(req, self._run_model(req))
-        return await self._sse(request, path, 200, events)
+        return await self._sse(request, path, 200, events, paced=True, stall=stall)
 
     async def _sse(
-        self, request: web.Request, path: str, status: int, events: list[Any]
+        self,
+        request: web.Request,
+        path: str,
+        status: int,
+        events: list[Any],
+        *,
+        paced: bool = False,
+        stall: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(
+            status=status, headers={"Content-Type": "text/event-stream", **(headers or {})}
+        )
         await resp.prepare(request)
         self.statuses[status] += 1
-        for event in events:
+        loop = asyncio.get_running_loop()
+        interval = self.token_interval * self.time_scale if paced else 0.0
+        start = loop.time()
+        for index, event in enumerate(events):
+            if stall and index == self.stall_after:
+                assert self._stopping is not None
+                await self._stopping.wait()  # sends nothing more, until the server stops
+                raise asyncio.CancelledError
+            if interval:
+                # Each token when it is due, from the stream's start: a late wake-up sends the tokens that
+                # fell due meanwhile at once, so the pace holds whatever the loop's timer resolution.
+                wait = start + (index + 1) * interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
             if self.check_schema:
                 problems = openapi.response_errors(path, status, event, content_type="text/event-stream")
                 self.schema_violations.extend(f"event {status} {path}: {p}" for p in problems)

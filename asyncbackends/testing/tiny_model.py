@@ -7,7 +7,9 @@ gives the same outputs in every engine, which makes transformers an independent 
 The directory is built once and cached under ``~/.cache/asyncbackends/`` (or ``$ASYNCBACKENDS_CACHE_DIR``),
 in a folder named after a hash of everything that shapes it, so a change to the recipe builds a new one.
 ``python -m asyncbackends.testing.tiny_model`` builds it and prints its path. `build_tiny_vlm` builds its
-vision-language sibling (images and tools; see `asyncbackends.testing._tiny_vlm`).
+vision-language sibling (images and tools; see `asyncbackends.testing._tiny_vlm`),
+`build_tiny_reasoning_model` its reasoning sibling (``<think>...</think>``; see
+`asyncbackends.testing._tiny_reasoning`).
 """
 
 from __future__ import annotations
@@ -102,12 +104,20 @@ def build_tiny_model(path: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _write_model(directory: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tokenizer = _train_tokenizer()
     tokenizer.save_pretrained(directory)
-    config = LlamaConfig(
+    random_model(LlamaForCausalLM, llama_config(tokenizer), _SEED).save_pretrained(
+        directory, safe_serialization=True
+    )
+
+
+def llama_config(tokenizer: Any) -> Any:
+    """The `TINY_MODEL_CONFIG` Llama configuration for ``tokenizer`` (its vocabulary and special tokens)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -115,17 +125,23 @@ def _write_model(directory: Path) -> None:
         dtype="float32",
         **TINY_MODEL_CONFIG,
     )
+
+
+def random_model(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` with weights drawn from ``seed`` (the tiny models' shared initialisation)."""
+    import torch
+
     # Fork the RNG so building the model inside a test does not disturb the caller's random state.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_SEED)
-        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+        torch.manual_seed(seed)
+        model = model_class(config)
         # Random init gives nearly uniform next-token distributions; larger weights make greedy choices
         # and loglikelihoods clearly distinct, which makes comparisons between engines meaningful.
         with torch.no_grad():
             for parameter in model.parameters():
                 if parameter.dim() > 1:
                     parameter.normal_(0.0, 0.08)
-    model.save_pretrained(directory, safe_serialization=True)
+    return model
 
 
 def _train_tokenizer() -> Any:
@@ -155,8 +171,9 @@ def _train_tokenizer() -> Any:
     return tokenizer
 
 
-# The vision-language sibling lives in its own module (one model recipe each; its __all__ is its home) and is
-# importable from here too; imported last, since it reads this module's tokenizer recipe.
+# The vision-language and reasoning siblings live in modules of their own (one model recipe each; its __all__
+# is its home) and are importable from here too; imported last, since they read this module's recipe.
+from ._tiny_reasoning import build_tiny_reasoning_model as build_tiny_reasoning_model  # noqa: E402
 from ._tiny_vlm import build_tiny_vlm as build_tiny_vlm  # noqa: E402
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import asyncbackends as ab
 from asyncbackends._cli.main import main
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "demo.jsonl"
@@ -319,10 +320,28 @@ def test_run_takes_adaptive_concurrency_and_refuses_other_words(
 
 
 @pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], ab.Timeouts(total=None, idle=120)),
+        (["--timeout", "600"], ab.Timeouts(total=600, idle=120)),
+        (["--idle-timeout", "30"], ab.Timeouts(total=None, idle=30)),
+        (["--timeout", "60", "--idle-timeout", "0"], ab.Timeouts(total=60, idle=None)),
+    ],
+)
+def test_timeout_options_make_the_runs_timeouts(argv: list[str], expected: ab.Timeouts) -> None:
+    from asyncbackends._cli.args import build_parser
+    from asyncbackends._cli.main import _run_options
+
+    args = build_parser().parse_args(["run", "x.jsonl", "--backend", "mock", *argv])
+    assert _run_options(args)["timeout"] == expected
+
+
+@pytest.mark.parametrize(
     ("option", "named"),
     [
         (["--concurrency", "0"], "concurrency"),
         (["--timeout", "-1"], "timeout"),
+        (["--idle-timeout", "-1"], "idle-timeout"),
         (["--max-attempts", "0"], "max_attempts"),
     ],
 )

@@ -193,7 +193,10 @@ def test_a_refused_value_is_named_in_the_message() -> None:
             lambda: RunOptions(concurrency=0),
             "concurrency must be an int >= 1, 'adaptive', an AdaptiveConcurrency or None, got 0",
         ),
-        (lambda: RunOptions(timeout=-1), "timeout must be a finite number > 0 or None, got -1"),
+        (
+            lambda: RunOptions(timeout=-1),
+            "timeout must be an ab.Timeouts, a finite number of seconds > 0 or None, got -1",
+        ),
         (lambda: RunOptions(retry=3), "retry must be a RetryPolicy or None, got int"),  # type: ignore[arg-type]
         (
             lambda: RunOptions(cache=3),  # type: ignore[arg-type]

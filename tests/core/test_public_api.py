@@ -13,7 +13,8 @@ CONTRACT = {
     "register_backend", "available_backends", "gather", "as_completed", "run_batch", "RetryPolicy",
     "RateLimit", "get_loop_manager", "LoopManager", "AsyncBackendsError", "BackendNotFoundError", "LoopError",
     "InvalidRequestError", "BackendError", "BackendUnavailableError", "RateLimitedError", "BackendTimeoutError",
-    "RequestRejectedError", "BackendBrokenError", "BackendClosedError", "pool", "limited",
+    "RequestRejectedError", "BackendBrokenError", "BackendClosedError", "pool", "limited", "Timeouts",
+    "ContextLengthError",
 }  # fmt: skip
 
 
@@ -35,6 +36,8 @@ def test_contract_names_are_exported() -> None:
 def test_defaults_match_the_design() -> None:
     assert ab.RetryPolicy() == ab.RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=30.0, jitter=True)
     assert ab.RateLimit() == ab.RateLimit(requests_per_second=None, tokens_per_minute=None)
+    assert ab.Timeouts() == ab.Timeouts(total=None, idle=120)
+    assert issubclass(ab.ContextLengthError, ab.RequestRejectedError)
     params = ab.SamplingParams()
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.stop, params.n) == (
         256, 0.0, 1.0, None, (), 1,

@@ -26,7 +26,7 @@ async def test_fingerprint_holds_the_model_the_server_serves(
     served = backend_fingerprint(first)["served"]
     assert served["model_id"] == "acme/model-a" and served["model_sha"] == "aaa111"
     assert backend_fingerprint(first) != backend_fingerprint(second)
-    assert tgi.paths["/generate"] == 0  # learned before any request
+    assert tgi.paths["/generate_stream"] == 0  # learned before any request
 
 
 @pytest.mark.asyncio

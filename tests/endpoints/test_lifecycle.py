@@ -25,7 +25,7 @@ async def test_running_endpoint_serves_tgi_requests(api: FakeEndpointsAPI, make_
     assert backend.namespace == "tester"  # from whoami: no namespace was given
     result = await ab.gather(backend, [REQUEST])
     assert result[0].request_id == "r1" and result[0].completions[0].text
-    assert "/generate" in endpoint.proxied and endpoint.proxied[0] == "/health"
+    assert "/generate_stream" in endpoint.proxied and endpoint.proxied[0] == "/health"
     assert endpoint.actions == []  # running already: nothing to resume or wake
 
 
@@ -207,7 +207,7 @@ async def test_token_from_huggingface_hub(
     endpoint = api.add("ep")
     backend = await make_backend(token=None)
     assert (await ab.gather(backend, [REQUEST]))[0].text
-    assert "/generate" in endpoint.proxied  # the proxy checks the token: it was sent
+    assert "/generate_stream" in endpoint.proxied  # the proxy checks the token: it was sent
 
 
 @pytest.mark.asyncio

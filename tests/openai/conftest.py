@@ -11,9 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +22,7 @@ import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
 from asyncbackends.testing.tiny_model import build_tiny_model
 
-from ..processes import start_group, stop_group
+from ..processes import log_tail, start_group, stop_group, wait_until_serving
 from .cases import ENGINE_OPTIONS, TOOL_PARSER
 
 API_KEY = "sk-TESTsecret-0123456789abcdef"
@@ -50,10 +47,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
 
 
 @pytest.fixture(scope="session")
@@ -81,21 +74,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vllm serve exited with {server.returncode}:\n{_tail(server_log)}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not ready after {START_TIMEOUT} s:\n{_tail(server_log)}")
-            time.sleep(0.5)
-        if reference.wait(timeout=max(1.0, deadline - time.monotonic())) != 0:
-            pytest.fail(f"the in-process reference failed:\n{_tail(ref_log)}")
+        wait_until_serving(server, url, server_log, START_TIMEOUT)
+        if reference.wait(timeout=START_TIMEOUT) != 0:
+            pytest.fail(f"the in-process reference failed:\n{log_tail(ref_log)}")
         yield Served(url, model, json.loads(ref_out.read_text()))
     finally:
         for proc in (reference, server):

@@ -87,17 +87,25 @@ def test_stop_strings_are_not_in_the_text(backend: OpenAIBackend) -> None:
     assert stop not in stopped.text and free.text.startswith(stopped.text)
 
 
-def test_prompt_over_max_model_len_is_rejected(backend: OpenAIBackend) -> None:
-    (error,) = ab.run_batch(
-        backend, [ab.GenerationRequest("word " * 600, request_id="long")], return_exceptions=True
-    )
-    assert isinstance(error, ab.RequestRejectedError) and not error.retryable
+def test_prompt_over_max_model_len_is_a_context_length_error_and_the_run_goes_on(
+    backend: OpenAIBackend,
+) -> None:
+    requests = [
+        ab.GenerationRequest("word " * 600, request_id="long"),
+        ab.GenerationRequest("Numbers: 1", ab.SamplingParams(max_tokens=4), request_id="short"),
+    ]
+    metrics = ab.RunMetrics()
+    error, short = ab.run_batch(backend, requests, return_exceptions=True, metrics=metrics)
+    assert type(error) is ab.ContextLengthError and not error.retryable
     assert error.request_id == "long" and "maximum context length" in str(error)
+    assert isinstance(short, ab.GenerationResult) and short.completions[0].finish_reason == "length"
+    assert metrics.retries == 0 and metrics.errors == {"ContextLengthError": 1}
+    assert metrics.context_length_errors == 1
 
 
 def test_continuation_over_max_model_len_is_rejected_before_sending(backend: OpenAIBackend) -> None:
     (error,) = ab.run_batch(backend, [ab.LoglikelihoodRequest("a", " b" * 600)], return_exceptions=True)
-    assert isinstance(error, ab.RequestRejectedError) and "max_model_len=512" in str(error)
+    assert type(error) is ab.ContextLengthError and "max_model_len=512" in str(error)
 
 
 def test_wrong_model_name_is_rejected(served: Served) -> None:

@@ -89,7 +89,7 @@ async def test_generic_server_gets_plain_openai_fields(stub: Stub, backend: Open
     assert path == "/v1/completions"
     assert sent == {
         "model": "m1", "prompt": "hello", "max_tokens": 1, "temperature": 0.7, "top_p": 0.5,
-        "seed": 3, "stop": ["x"], "logprobs": 0,
+        "seed": 3, "stop": ["x"], "logprobs": 0, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
 
 

@@ -66,19 +66,19 @@ def test_capabilities_by_server_kind() -> None:
         kind: {n for n in ab._types.OPTIONAL_SAMPLING_PARAMS if getattr(capabilities(kind, None), n)}
         for kind in ("vllm", "generic")
     }
-    # The reasoning parameters need the reasoning work in the openai adapter (issue 42): not claimed yet.
-    assert honoured["vllm"] == set(ab._types.OPTIONAL_SAMPLING_PARAMS) - {
-        "reasoning_effort",
-        "thinking_budget",
-    }
-    assert honoured["generic"] == {"presence_penalty", "frequency_penalty", "json_schema"}
+    # reasoning_effort is OpenAI's own chat field; thinking_budget is vLLM's thinking_token_budget.
+    assert honoured["vllm"] == set(ab._types.OPTIONAL_SAMPLING_PARAMS)
+    assert honoured["generic"] == {"presence_penalty", "frequency_penalty", "json_schema", "reasoning_effort"}
+    assert capabilities("generic", None).reasoning and capabilities("vllm", None).reasoning
 
 
-@pytest.mark.parametrize("name", ["repetition_penalty", "min_p", "min_tokens", "regex"])
+@pytest.mark.parametrize("name", ["repetition_penalty", "min_p", "min_tokens", "regex", "thinking_budget"])
 def test_plain_server_refuses_vllm_extras_before_sending(name: str) -> None:
     # The port is closed: a request that got as far as the wire would fail as unavailable, not rejected.
     backend = OpenAIBackend(base_url="http://127.0.0.1:9/v1", model="m", server="generic")
-    value = {"repetition_penalty": 1.2, "min_p": 0.1, "min_tokens": 1, "regex": "a"}[name]
+    value = {"repetition_penalty": 1.2, "min_p": 0.1, "min_tokens": 1, "regex": "a", "thinking_budget": 8}[
+        name
+    ]
     request = ab.GenerationRequest("hi", ab.SamplingParams(**{name: value}))
     try:
         with pytest.raises(ab.RequestRejectedError, match=f"{name}.*server='vllm'"):

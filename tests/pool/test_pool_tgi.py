@@ -61,7 +61,7 @@ async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def generated(server: FakeTGIServer) -> int:
-    return server.paths["/generate"]
+    return server.paths["/generate_stream"]
 
 
 @pytest.mark.asyncio

@@ -62,8 +62,10 @@ def test_limited_forwards_what_its_backend_has_and_only_that() -> None:
     for protocol in (SupportsTokenizer, SupportsMaxModelLen, SupportsCheckReady, SupportsInfo):
         assert isinstance(wrapped, protocol), protocol
     assert isinstance(wrapped, SupportsAdaptiveLimit)
-    plain = ab.limited(MockBackend())  # no tokenizer, no context length, no info: neither has the wrapper
-    assert not hasattr(plain, "tokenizer") and not hasattr(plain, "max_model_len")
+    inner = MockBackend()  # no tokenizer, no info: neither has the wrapper
+    plain = ab.limited(inner)
+    for side_door in ("tokenizer", "max_model_len", "info", "check_ready"):
+        assert hasattr(plain, side_door) == hasattr(inner, side_door), side_door
     assert not isinstance(plain, SupportsInfo) and not isinstance(plain, SupportsTokenizer)
     assert isinstance(plain, SupportsCheckReady)  # the mock has a readiness check
     wrapped.close()

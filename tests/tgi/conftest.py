@@ -71,7 +71,7 @@ def fast_retry(attempts: int = 4) -> ab.RetryPolicy:
     return ab.RetryPolicy(max_attempts=attempts, initial_delay=0.001, max_delay=0.01)
 
 
-def sent(server: FakeTGIServer, path: str = "/generate") -> list[Any]:
+def sent(server: FakeTGIServer, path: str = "/generate_stream") -> list[Any]:
     """The bodies the server received on ``path``, in arrival order."""
     return [body for p, body in server.received if p == path]
 

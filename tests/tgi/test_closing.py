@@ -57,7 +57,7 @@ async def test_a_request_past_the_open_check_does_not_reopen_the_session(
     await ab.get_loop_manager().arun(backend.aclose())
     for outcome in await asyncio.gather(first, second, return_exceptions=True):
         assert_closed(outcome)
-    assert backend._http._session is None and server.paths["/generate"] == 0
+    assert backend._http._session is None and server.paths["/generate_stream"] == 0
 
 
 @pytest.mark.asyncio

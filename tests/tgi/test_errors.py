@@ -52,7 +52,9 @@ async def test_random_failures_all_recovered(make_server: MakeServer, make_backe
 
 
 @pytest.mark.asyncio
-async def test_422_is_never_retried(make_server: MakeServer, make_backend: MakeBackend) -> None:
+async def test_a_422_for_length_is_a_context_length_error_never_retried(
+    make_server: MakeServer, make_backend: MakeBackend
+) -> None:
     server = await make_server(limits=Limits(max_input_tokens=8, max_total_tokens=64))
     backend = await make_backend(server.url)  # no tokenizer: the server's 422 is what refuses it
     (outcome,) = await ab.gather(
@@ -61,7 +63,7 @@ async def test_422_is_never_retried(make_server: MakeServer, make_backend: MakeB
         retry=fast_retry(5),
         return_exceptions=True,
     )
-    assert type(outcome) is ab.RequestRejectedError and not outcome.retryable
+    assert type(outcome) is ab.ContextLengthError and not outcome.retryable
     assert "HTTP 422" in str(outcome) and "must have less than 8 tokens" in str(outcome)
     assert outcome.request_id == "x" and outcome.backend == "tgi"
     assert server.attempts["far too long a prompt"] == 1

@@ -23,18 +23,18 @@ async def test_a_server_redeployed_with_another_model_gets_other_cache_keys(
     request = ab.GenerationRequest("same prompt", ab.SamplingParams(max_tokens=4))
     cache = tmp_path / "cache.sqlite"
     await ab.gather(first, [request], cache=cache)
-    assert server.paths["/generate"] == 1
+    assert server.paths["/generate_stream"] == 1
 
     server.model_id, server.model_sha = "acme/model-b", "bbb222"  # redeployed at the same URL
     second = await make_backend(server.url)
     assert backend_fingerprint(second) != before
     assert backend_fingerprint(second)["model_id"] == "acme/model-b"
     await ab.gather(second, [request], cache=cache)
-    assert server.paths["/generate"] == 2  # asked again, not served model A's answer
+    assert server.paths["/generate_stream"] == 2  # asked again, not served model A's answer
 
     third = await make_backend(server.url)  # the same model again: the cache answers
     await ab.gather(third, [request], cache=cache)
-    assert server.paths["/generate"] == 2
+    assert server.paths["/generate_stream"] == 2
 
 
 @pytest.mark.asyncio
@@ -43,7 +43,7 @@ async def test_the_model_is_learned_when_the_backend_is_built(
 ) -> None:
     server = await make_server(model_id="acme/model-a")
     backend = await make_backend(server.url)
-    assert server.paths["/info"] == 1 and server.paths["/generate"] == 0
+    assert server.paths["/info"] == 1 and server.paths["/generate_stream"] == 0
     assert backend_fingerprint(backend)["model_id"] == "acme/model-a"
 
 

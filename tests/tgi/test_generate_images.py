@@ -71,7 +71,7 @@ async def test_an_oversized_markdown_image_is_refused_before_sending(
     request = ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=4))
     with pytest.raises(ab.RequestRejectedError, match="payload limit"):
         await ab.gather(backend, [request])
-    assert server.paths["/generate"] == 0  # nothing sent
+    assert server.paths["/generate_stream"] == 0  # nothing sent
     # Sent anyway (the check off), the look-alike counts the image's bytes as TGI does: axum's 413.
     unchecked = await make_backend(server.url, payload_limit=None)
     with pytest.raises(ab.RequestRejectedError, match="length limit exceeded"):
@@ -105,7 +105,7 @@ async def test_an_image_tgi_cannot_read_is_its_422(
     (error,) = await ab.gather(backend, [request], return_exceptions=True)
     assert isinstance(error, ab.RequestRejectedError) and not error.retryable
     assert error.request_id == "bad" and f"Input validation error: {message}" in str(error)
-    assert server.statuses[422] == 1 and server.paths["/generate"] == 1  # answered once, never retried
+    assert server.statuses[422] == 1 and server.paths["/generate_stream"] == 1  # answered once, never retried
     assert server.schema_violations == []  # the 422 is TGI's ErrorResponse, by the spec
 
 
@@ -126,4 +126,4 @@ async def test_a_tokenizer_counts_the_text_around_images(
     long_text = ab.GenerationRequest(image + "x" * 101, ab.SamplingParams(max_tokens=4))
     with pytest.raises(ab.RequestRejectedError, match="at least 101 tokens"):
         await ab.gather(backend, [long_text])
-    assert server.paths["/generate"] == 1
+    assert server.paths["/generate_stream"] == 1

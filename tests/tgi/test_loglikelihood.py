@@ -30,7 +30,7 @@ async def test_sum_of_last_k_prefill_logprobs(
     assert result.token_logprobs == pytest.approx(parts)
     assert result.logprob == pytest.approx(sum(parts))
     assert result.is_greedy is None
-    (body,) = sent(server)
+    (body,) = sent(server, "/generate")
     assert body["inputs"] == context + continuation
     assert body["parameters"] == {
         "do_sample": False,

@@ -159,7 +159,7 @@ async def test_chat_sampling_and_logprobs(server: FakeTGIServer, backend: ab.Asy
             ab.GenerationRequest([{"role": "user", "content": "x"}], ab.SamplingParams(top_k=3)),
             ab.InvalidRequestError,
         ),
-        (ab.GenerationRequest("x", ab.SamplingParams(max_tokens=5000)), ab.RequestRejectedError),
+        (ab.GenerationRequest("x", ab.SamplingParams(max_tokens=5000)), ab.ContextLengthError),
     ],
 )
 async def test_refused_before_sending(

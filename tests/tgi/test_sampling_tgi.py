@@ -58,7 +58,7 @@ async def test_penalties_are_tgi_fields_and_keep_greedy(
         "return_full_text": False,
         "details": True,
     }
-    assert openapi.request_errors("/generate", body) == []
+    assert openapi.request_errors("/generate_stream", body) == []
     assert result.text == PROMPT[:4]
 
 
@@ -67,7 +67,7 @@ async def test_json_schema_is_a_json_grammar(server: FakeTGIServer, backend: ab.
     result = await one(backend, PROMPT, max_tokens=64, json_schema=SCHEMA)
     (body,) = sent(server)
     assert body["parameters"]["grammar"] == {"type": "json", "value": SCHEMA}
-    assert openapi.request_errors("/generate", body) == []
+    assert openapi.request_errors("/generate_stream", body) == []
     # The look-alike's model obeys the grammar: the output is JSON valid against the schema.
     import jsonschema
 
@@ -80,7 +80,7 @@ async def test_regex_is_a_regex_grammar(server: FakeTGIServer, backend: ab.Async
     (body,) = sent(server)
     assert body["parameters"]["grammar"] == {"type": "regex", "value": r"(yes|no) [0-9]{2}"}
     assert body["parameters"]["do_sample"] is True
-    assert openapi.request_errors("/generate", body) == []
+    assert openapi.request_errors("/generate_stream", body) == []
     assert re.fullmatch(r"(yes|no) [0-9]{2}", result.text)
 
 
@@ -116,7 +116,7 @@ async def test_refused_before_anything_is_sent(
     with pytest.raises(ab.RequestRejectedError, match=named):
         await backend.generate(request)
     assert server.received == []  # not even /info was needed to refuse it
-    assert server.paths["/generate"] == server.paths["/v1/chat/completions"] == 0
+    assert server.paths["/generate_stream"] == server.paths["/v1/chat/completions"] == 0
 
 
 @pytest.mark.asyncio

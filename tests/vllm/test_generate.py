@@ -172,12 +172,23 @@ def test_max_tokens_zero_returns_empty_completions(backend: Any, hf_tokenizer: A
     assert result.prompt_tokens == len(hf_tokenizer("hi there").input_ids)
 
 
-def test_prompt_longer_than_the_model_is_rejected(backend: Any) -> None:
-    results = ab.run_batch(backend, [ab.GenerationRequest([5] * 600)], return_exceptions=True)
-    assert isinstance(results[0], ab.RequestRejectedError)
-    assert not results[0].retryable
+def test_a_prompt_the_model_cannot_hold_is_a_context_length_error_and_the_run_goes_on(backend: Any) -> None:
+    # vLLM's own check (max_model_len=512): a prompt over it, and one that leaves no room for a token.
+    requests = [
+        ab.GenerationRequest([5] * 600, request_id="over"),
+        ab.GenerationRequest([5] * 8, ab.SamplingParams(max_tokens=4), request_id="fits"),
+        ab.GenerationRequest([5] * 512, request_id="full"),
+    ]
+    metrics = ab.RunMetrics()
+    over, fits, full = ab.run_batch(backend, requests, return_exceptions=True, metrics=metrics)
+    assert type(over) is ab.ContextLengthError and not over.retryable and over.request_id == "over"
+    assert "maximum context length is 512 tokens" in str(over)
+    assert type(full) is ab.ContextLengthError and "512" in str(full)
+    assert isinstance(fits, ab.GenerationResult) and len(fits.completions[0].token_ids) == 4
+    assert metrics.retries == 0 and metrics.errors == {"ContextLengthError": 2}
+    assert metrics.context_length_errors == 2
     results = ab.run_batch(backend, [ab.GenerationRequest([100_000])], return_exceptions=True)
-    assert isinstance(results[0], ab.RequestRejectedError)
+    assert type(results[0]) is ab.RequestRejectedError  # refused, but not for its length
 
 
 def test_gather_from_a_foreign_loop(backend: Any) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,11 +41,13 @@ from ...errors import (
     BackendBrokenError,
     BackendClosedError,
     BackendError,
+    ContextLengthError,
     InvalidRequestError,
     RateLimitedError,
     RequestRejectedError,
 )
 from .._checkpoint import checkpoint_fields
+from .._lengths import says_context_length
 from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result, tail_logprobs
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._checks import check_before_import, engine_defaults, import_vllm
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from ._chat import ChatPath, check_tool_parser
     from ._compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._engine_lifecycle import start_engine, stop_engine
+    from ._reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
     from ._requests import completions, engine_capabilities, engine_input, scoring_params, vllm_sampling
     from ._requests import prompt_ids as translate_prompt
 
@@ -83,6 +87,9 @@ class VLLMBackend(BaseBackend):
         tool_parser: vLLM's name of the tool parser that reads ``tool_choice="auto"`` output (``hermes``,
             ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
         allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
+        reasoning_parser: vLLM's name of the reasoning parser (``deepseek_r1``, ``qwen3``, ...; the engine was
+            built with it): completions come back split into ``reasoning`` and the answer, as ``vllm serve
+            --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`).
         restarts: Starts the engine again when it dies (`_restart`); ``None``: never.
     """
 
@@ -97,12 +104,14 @@ class VLLMBackend(BaseBackend):
         max_concurrency: int | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
         restarts: EngineRestarts | None = None,
     ) -> None:
         self._engine: AsyncLLM | None = engine
         self._restarts = restarts or EngineRestarts(engine, start=None, stop=stop_engine, max_restarts=0)
         self._restarts.on_restart = self._restarted
         self._chat = ChatPath(engine, self.name, tool_parser, allow_remote_images)
+        self._reasoning = ReasoningPath(engine, reasoning_parser) if reasoning_parser else None
         multimodal = bool(engine.model_config.is_multimodal_model)
         self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
         self._closing: asyncio.Future[None] | None = None
@@ -110,6 +119,8 @@ class VLLMBackend(BaseBackend):
         self._dtype = str(engine.model_config.dtype).removeprefix("torch.")
         # Only what changes outputs is kept (for the fingerprint): never hf_token or other credentials.
         self._engine_args = {k: v for k, v in (engine_args or {}).items() if k in _FINGERPRINT_OPTIONS}
+        if reasoning_parser:  # it changes what text holds
+            self._engine_args["reasoning_parser"] = reasoning_parser
         self._checkpoint = checkpoint_fields(model, engine_args or {})  # retrained in place: other keys
         self.max_model_len: int = engine.model_config.max_model_len
         self.max_num_seqs: int = engine.vllm_config.scheduler_config.max_num_seqs
@@ -134,7 +145,9 @@ class VLLMBackend(BaseBackend):
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
-        self.capabilities = engine_capabilities(images=multimodal, max_concurrency=hint)
+        self.capabilities = engine_capabilities(
+            images=multimodal, max_concurrency=hint, reasoning=bool(reasoning_parser), engine=engine
+        )
 
     @classmethod
     async def create(
@@ -145,6 +158,7 @@ class VLLMBackend(BaseBackend):
         routing: str | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         **engine_args: Any,
     ) -> VLLMBackend | VLLMEnginesBackend:
@@ -157,6 +171,7 @@ class VLLMBackend(BaseBackend):
             model: A model directory or hub id.
             tool_parser: vLLM's tool parser for ``tool_choice="auto"`` (see `VLLMBackend`).
             allow_remote_images: Let the engine fetch http(s) image URLs (see `VLLMBackend`).
+            reasoning_parser: vLLM's reasoning parser: split thinking from the answer (see `VLLMBackend`).
             max_restarts: How many times an engine core that died is started again (same options) over the
                 backend's life, the requests it held sent again; past that its requests fail with
                 `BackendBrokenError`. Each engine of ``engines=N`` has its own count.
@@ -178,7 +193,8 @@ class VLLMBackend(BaseBackend):
                 engine refuses.
             BackendBrokenError: The engine failed to start.
         """
-        chat: dict[str, Any] = {"tool_parser": tool_parser, "allow_remote_images": allow_remote_images}
+        chat: dict[str, Any] = dict(tool_parser=tool_parser, allow_remote_images=allow_remote_images)
+        chat["reasoning_parser"] = reasoning_parser
         chat["max_restarts"] = check_max_restarts(max_restarts)
         count = check_engines(engines, routing, engine_args)
         if count != 1:
@@ -200,6 +216,7 @@ class VLLMBackend(BaseBackend):
         start_group: object | None = None,
         tool_parser: str | None = None,
         allow_remote_images: bool = False,
+        reasoning_parser: str | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         label: str = "vllm engine",
     ) -> VLLMBackend:
@@ -212,7 +229,10 @@ class VLLMBackend(BaseBackend):
         engine_fields = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
         check_options(cls.name, engine_args, engine_fields - {"model"})
         check_tool_parser(tool_parser, backend=cls.name)
+        check_reasoning_parser(reasoning_parser, backend=cls.name)
         options = {**engine_defaults(engine_args), **engine_args}
+        if reasoning_parser:  # the engine's too, as `vllm serve`'s: its thinking budget reads it
+            options["reasoning_parser"] = reasoning_parser
         try:
             args = AsyncEngineArgs(model=model, **options)
         except (TypeError, ValueError, VLLMError) as exc:
@@ -234,6 +254,7 @@ class VLLMBackend(BaseBackend):
                 engine_args=engine_args,
                 tool_parser=tool_parser,
                 allow_remote_images=allow_remote_images,
+                reasoning_parser=reasoning_parser,
                 restarts=restarts,
             )
         except BaseException:
@@ -285,6 +306,8 @@ class VLLMBackend(BaseBackend):
 
     def _restarted(self, engine: AsyncLLM) -> None:
         self._engine = self._chat.engine = engine
+        if self._reasoning is not None:
+            self._reasoning.engine = engine
 
     async def _run(
         self,
@@ -292,21 +315,28 @@ class VLLMBackend(BaseBackend):
         params: VLLMSamplingParams,
         request_id: str | None,
         render: Callable[[], Awaitable[Any]] | None = None,
+        watch: Callable[[RequestOutput], bool] | None = None,
     ) -> RequestOutput:
         """Send one engine request and wait for its final output; again after an engine restart.
 
-        A rendered prompt is rendered again by ``render`` then, for the new engine's renderer.
+        A rendered prompt is rendered again by ``render`` then, for the new engine's renderer. ``watch`` sees
+        each output (of a streaming output kind); once it says True, the request is aborted.
         """
         self._check_open(request_id)
 
         async def send(engine: AsyncLLM, again: bool) -> RequestOutput:
             fresh = await render() if again and render is not None else prompt
-            return await self._send(engine, fresh, params, request_id)
+            return await self._send(engine, fresh, params, request_id, watch)
 
         return await self._restarts.run(send, request_id)
 
     async def _send(
-        self, engine: AsyncLLM, prompt: list[int] | Any, params: VLLMSamplingParams, request_id: str | None
+        self,
+        engine: AsyncLLM,
+        prompt: list[int] | Any,
+        params: VLLMSamplingParams,
+        request_id: str | None,
+        watch: Callable[[RequestOutput], bool] | None = None,
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
         output: Any = None
@@ -319,6 +349,9 @@ class VLLMBackend(BaseBackend):
             collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
             while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
                 output = collector.get_nowait() or await collector.get()
+                if watch is not None and watch(output):
+                    await self._abort(engine, collector.request_id)
+                    break
         except EngineDeadError as exc:
             raise self._dead(exc, request_id) if self._closed else EngineDied() from exc
         except BaseException as exc:
@@ -344,7 +377,10 @@ class VLLMBackend(BaseBackend):
         if isinstance(exc, GracefulHTTPError):  # the engine's queue limits (max_num_queued_reqs): slow down
             return RateLimitedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
         if isinstance(exc, VLLMClientError):  # validation: prompt too long, token id out of vocabulary...
-            return RequestRejectedError(f"vllm: {exc}", backend=self.name, request_id=request_id)
+            # vLLM's input processor: a prompt that leaves no room for one generated token (a prompt
+            # that fits is generated up to max_model_len, finish reason "length", as vLLM does).
+            kind = ContextLengthError if says_context_length(str(exc)) else RequestRejectedError
+            return kind(f"vllm: {exc}", backend=self.name, request_id=request_id)
         if self._closed or (self._engine is not None and self._engine.errored):
             return self._dead(exc, request_id)
         return BackendError(
@@ -371,7 +407,9 @@ class VLLMBackend(BaseBackend):
         """Generate ``params.n`` completions with one engine request (see `AsyncBackend.generate`)."""
         self._check_open(request.request_id)
         params = request.params
-        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=request.request_id)
+        refuse_unsupported(
+            params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
+        )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
         chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
         prompt: Any = (
@@ -386,8 +424,13 @@ class VLLMBackend(BaseBackend):
             return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
         sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
         render = (lambda: self._chat.render(request)) if chat else None
-        output = await self._run(prompt, sampling, request.request_id, render)
-        got = self._chat.tool_calls(request, completions(output, logprobs=params.logprobs))
+        if self._reasoning is None:
+            output = await self._run(prompt, sampling, request.request_id, render)
+            got = completions(output, logprobs=params.logprobs)
+        else:  # the thinking apart from the answer, stop strings ending the answer only
+            run = functools.partial(self._run, request_id=request.request_id, render=render)
+            got, output = await self._reasoning.generate(run, prompt, sampling, logprobs=params.logprobs)
+        got = self._chat.tool_calls(request, got)  # from the answer alone, as the server reads them
         if len(got) != params.n:
             raise BackendError(
                 f"vllm returned {len(got)} completions for n={params.n}",
@@ -434,7 +477,7 @@ class VLLMBackend(BaseBackend):
             max_prompt_tokens=self._max_prompt_tokens,
         )
         if plan is None:
-            raise RequestRejectedError(
+            raise ContextLengthError(
                 f"continuation does not fit in max_model_len={self.max_model_len}",
                 backend=self.name,
                 request_id=request.request_id,
@@ -468,6 +511,8 @@ class VLLMBackend(BaseBackend):
     async def _aclose(self) -> None:
         # Requests still in flight fail with EngineDeadError, which _run reports as BackendClosedError.
         self._engine = self._chat.engine = None
+        if self._reasoning is not None:
+            self._reasoning.engine = None
         # Dropping the last references now lets AsyncLLM.__del__ run while the interpreter is intact; at exit
         # it would call shutdown() again on half-torn-down modules and print a TypeError.
         await self._restarts.aclose()

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from ..._chat import ToolCall
@@ -37,7 +38,7 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-__all__ = ["ChatPath", "check_tool_parser"]
+__all__ = ["ChatPath", "check_parser_name", "check_tool_parser"]
 
 # A second turn asking for "auto" most often comes from a framework, not the user: inspect (like OpenAI's own
 # agents) switches a forced tool choice to "auto" once the forced call was made, so "name a tool" would be
@@ -64,14 +65,23 @@ def check_tool_parser(name: str | None, *, backend: str) -> None:
     Raises:
         InvalidRequestError: ``name`` is not one of vLLM's tool parsers.
     """
+    check_parser_name("tool_parser", name, ToolParserManager.list_registered(), backend=backend)
+
+
+def check_parser_name(option: str, name: str | None, known: Iterable[str], *, backend: str) -> None:
+    """Refuse ``name`` (the adapter option ``option``) unless it is in ``known``, naming the close ones.
+
+    Raises:
+        InvalidRequestError: ``name`` is not ``None`` and not known.
+    """
     if name is None:
         return
-    known = frozenset(ToolParserManager.list_registered())
     # check_options words the refusal ("unknown option ...; did you mean ...") the way other options get it.
     try:
-        check_options(backend, {name: None}, known)
+        check_options(backend, {name: None}, frozenset(known))
     except InvalidRequestError as exc:
-        raise InvalidRequestError(f"tool_parser={name!r} is not one of vLLM's tool parsers ({exc})") from None
+        kind = option.removesuffix("_parser").replace("_", " ")
+        raise InvalidRequestError(f"{option}={name!r} is not one of vLLM's {kind} parsers ({exc})") from None
 
 
 @dataclasses.dataclass

@@ -183,6 +183,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         from ._chat import ChatPath, check_tool_parser
         from ._compat import GracefulHTTPError, VLLMClientError, VLLMError
         from ._engine_lifecycle import start_engine, stop_engine
+        from ._reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
         from ._requests import (
             completions,
             engine_capabilities,
@@ -200,6 +201,9 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         EngineDeadError=EngineDeadError,
         ChatPath=ChatPath,
         check_tool_parser=check_tool_parser,
+        ReasoningPath=ReasoningPath,
+        REFUSALS=REFUSALS,
+        check_reasoning_parser=check_reasoning_parser,
         GracefulHTTPError=GracefulHTTPError,
         VLLMClientError=VLLMClientError,
         VLLMError=VLLMError,

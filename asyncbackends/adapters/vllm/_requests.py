@@ -35,14 +35,23 @@ __all__ = [
 ]
 
 
-def engine_capabilities(*, images: bool, max_concurrency: int) -> Capabilities:
+def engine_capabilities(
+    *, images: bool, max_concurrency: int, reasoning: bool = False, engine: Any = None
+) -> Capabilities:
     """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
 
     Args:
         images: Whether vLLM loads the model as multimodal.
         max_concurrency: The concurrency hint for `gather`.
+        reasoning: Whether the engine was built with a reasoning parser (the adapter splits its outputs).
+        engine: The ``AsyncLLM``: with a reasoning parser, a thinking budget is claimed where this vLLM has
+            ``thinking_token_budget`` and the engine its ``reasoning_config``.
     """
+    config = getattr(getattr(engine, "vllm_config", None), "reasoning_config", None) if reasoning else None
     return Capabilities(
+        reasoning=reasoning,
+        thinking_budget=config is not None
+        and "thinking_token_budget" in VLLMSamplingParams.__struct_fields__,
         loglikelihood=True,
         rolling_loglikelihood=True,
         is_greedy=True,
@@ -86,6 +95,8 @@ def _converted(params: SamplingParams) -> VLLMSamplingParams:
     # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
     optional = params.optional_params()
     schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
+    if "thinking_budget" in optional:  # claimed only where the engine enforces it (engine_capabilities)
+        optional["thinking_token_budget"] = optional.pop("thinking_budget")
     try:
         if schema is not None or regex is not None:
             optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)

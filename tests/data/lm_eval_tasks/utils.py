@@ -26,3 +26,7 @@ def load_gen(**_: Any) -> dict[str, datasets.Dataset]:
 
 def load_ppl(**_: Any) -> dict[str, datasets.Dataset]:
     return _load("ppl")
+
+
+def load_think(**_: Any) -> dict[str, datasets.Dataset]:
+    return _load("think")

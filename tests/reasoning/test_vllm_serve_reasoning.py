@@ -1,0 +1,139 @@
+"""The in-process ``vllm`` adapter with ``reasoning_parser`` against a real ``vllm serve --reasoning-parser``
+on the tiny reasoning model, for two parser families: the same token ids, thinking and answer; thinking
+budgets; stop strings that end the answer only; the ``openai`` adapter reading the server's split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import asyncbackends as ab
+
+from .conftest import Pair
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 24
+CLOSES = ("What is two plus two?", "hello there", "Tell me a story.")
+"""Greedy thoughts that close within MAX_TOKENS (the lm_head row of </think> is scaled up)."""
+RUNS_ON = ("Name the capital of France.", "Count to five.")
+"""Greedy thoughts that do not."""
+
+
+def _messages(prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _generate(backend: Any, prompt: str, **params: Any) -> ab.Completion:
+    request = ab.GenerationRequest(_messages(prompt), ab.SamplingParams(temperature=0, **params))
+    [completion] = ab.get_loop_manager().run(backend.generate(request)).completions
+    return completion  # type: ignore[no-any-return]
+
+
+def _piece(text: str) -> str:
+    """The first two characters of ``text`` that are whole (a random model's text has partial UTF-8 in it,
+    which vLLM's detokenizer holds back until the next token and a one-shot decode shows as U+FFFD)."""
+    return next(text[i : i + 2] for i in range(len(text) - 1) if "\ufffd" not in text[i : i + 2])
+
+
+def _assert_same_as_server(completion: ab.Completion, served: dict[str, Any]) -> None:
+    choice = served["choices"][0]
+    message = choice["message"]
+    assert list(completion.token_ids) == choice["token_ids"]
+    assert completion.reasoning == message.get("reasoning")
+    assert completion.finish_reason == choice["finish_reason"]
+    # The server returns the unfinished thought with no content; the adapter says so and gives no answer.
+    assert completion.text == (message.get("content") or "")
+
+
+def test_split_equals_vllm_serve_where_the_thought_closes_and_where_it_does_not(pair: Pair) -> None:
+    truncated = []
+    for prompt in CLOSES + RUNS_ON:
+        completion = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS)
+        _assert_same_as_server(completion, pair.chat(_messages(prompt), max_tokens=MAX_TOKENS))
+        truncated.append(completion.reasoning_truncated)
+        if completion.reasoning_truncated:
+            assert completion.text == "" and completion.finish_reason == "length"
+            assert completion.reasoning_tokens == MAX_TOKENS
+        else:  # the thought closed: its tokens end with the closing marker
+            assert 0 < completion.reasoning_tokens < MAX_TOKENS
+    assert truncated == [False] * len(CLOSES) + [True] * len(RUNS_ON)
+
+
+@pytest.mark.parametrize("budget", [0, 2, 5])
+def test_thinking_budget_equals_vllm_serve_and_bounds_the_thought(pair: Pair, budget: int) -> None:
+    assert pair.backend.capabilities.thinking_budget
+    for prompt in RUNS_ON:
+        completion = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS, thinking_budget=budget)
+        served = pair.chat(_messages(prompt), max_tokens=MAX_TOKENS, thinking_token_budget=budget)
+        _assert_same_as_server(completion, served)
+        # Forced closed: never truncated, and no more than the budget plus the closing marker.
+        assert not completion.reasoning_truncated
+        assert 1 <= completion.reasoning_tokens <= budget + 1
+
+
+def test_openai_adapter_reads_the_same_split_from_the_server(pair: Pair) -> None:
+    backend = ab.create_backend("openai", base_url=pair.url + "/v1", api_key="")
+    try:
+        assert backend.capabilities.reasoning and backend.capabilities.thinking_budget
+        for prompt in (*CLOSES, *RUNS_ON):
+            for extra in ({}, {"thinking_budget": 2}):
+                inproc = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS, **extra)
+                remote = _generate(backend, prompt, max_tokens=MAX_TOKENS, **extra)
+                assert remote.token_ids == inproc.token_ids
+                assert (remote.reasoning, remote.text) == (inproc.reasoning, inproc.text)
+                assert (remote.finish_reason, remote.reasoning_truncated) == (
+                    inproc.finish_reason,
+                    inproc.reasoning_truncated,
+                )
+    finally:
+        backend.close()
+
+
+def test_a_stop_string_inside_the_thought_does_not_cut_it(pair: Pair) -> None:
+    prompt = CLOSES[0]
+    free = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS)
+    assert free.reasoning and len(free.text) > 4, free
+    in_thought, in_answer = _piece(free.reasoning), _piece(free.text[1:])
+    assert in_thought not in free.text[: free.text.find(in_answer) + 2]  # else the two would not differ
+    stopped = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS, stop=[in_thought, in_answer])
+    assert stopped.reasoning == free.reasoning
+    assert stopped.reasoning_tokens == free.reasoning_tokens
+    cut = min(i for i in (free.text.find(in_thought), free.text.find(in_answer)) if i >= 0)
+    assert stopped.text == free.text[:cut]
+    assert stopped.finish_reason == "stop"
+    # The tokens kept are those of the unstopped run up to the one that completed the stop string, as vLLM
+    # keeps them for a stop it applies itself: one token fewer would not hold it yet.
+    kept = stopped.token_ids
+    assert kept == free.token_ids[: len(kept)]
+    tokenizer = pair.backend.tokenizer
+    stop = in_answer if free.text.find(in_answer) == cut else in_thought
+    after = free.reasoning_tokens
+    assert stop in tokenizer.decode(list(kept[after:]))
+    assert stop not in tokenizer.decode(list(kept[after:-1]))
+
+
+def test_a_thought_that_never_closes_ignores_stop_strings(pair: Pair) -> None:
+    prompt = RUNS_ON[0]
+    free = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS)
+    assert free.reasoning_truncated and free.reasoning
+    stopped = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS, stop=[free.reasoning[2:4], "\n\n"])
+    assert stopped == free
+
+
+def test_parallel_samples_with_stops_are_the_samples_without_them_cut_in_the_answer(pair: Pair) -> None:
+    # n=2 with stops runs one engine request per sample with the seeds vLLM gives its parallel samples.
+    params = {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 7, "n": 2, "thinking_budget": 2}
+    run = ab.get_loop_manager().run
+    free = run(
+        pair.backend.generate(ab.GenerationRequest(_messages(RUNS_ON[0]), ab.SamplingParams(**params)))
+    )
+    assert all(c.text for c in free.completions), free
+    stops = [_piece(c.text) for c in free.completions]
+    request = ab.GenerationRequest(_messages(RUNS_ON[0]), ab.SamplingParams(stop=stops, **params))
+    stopped = run(pair.backend.generate(request))
+    for cut, whole in zip(stopped.completions, free.completions, strict=True):
+        assert (cut.reasoning, cut.reasoning_tokens) == (whole.reasoning, whole.reasoning_tokens)
+        assert cut.text == whole.text[: min(i for i in map(whole.text.find, stops) if i >= 0)]
+        assert cut.finish_reason == "stop" and cut.token_ids == whole.token_ids[: len(cut.token_ids)]
