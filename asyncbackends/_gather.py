@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Literal, Never, overload
 
+from ._batch_run import BatchRun
 from ._cache import ResponseCache
 from ._loop import get_loop_manager
 from ._observability.callbacks import RunCallbacks
@@ -53,6 +54,10 @@ def _checked(arguments: Mapping[str, Any]) -> tuple[RunOptions, Sequence[Request
     return options, _as_sequence(arguments["requests"])
 
 
+def _runner(options: RunOptions) -> type[Run] | type[BatchRun]:
+    return BatchRun if options.batch else Run
+
+
 async def _gather_here(
     backend: AsyncBackend, requests: Sequence[Request], options: RunOptions, observer: RunObserver | None
 ) -> list[Any]:
@@ -61,7 +66,7 @@ async def _gather_here(
     def store(index: int, outcome: Outcome) -> None:
         results[index] = outcome
 
-    await Run(backend, requests, options, store, observer).run()
+    await _runner(options)(backend, requests, options, store, observer).run()
     return results
 
 
@@ -79,6 +84,7 @@ async def gather(
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> list[Result]: ...
 @overload
 async def gather(
@@ -94,6 +100,7 @@ async def gather(
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> list[Result | AsyncBackendsError]: ...
 async def gather(
     backend: AsyncBackend,
@@ -108,6 +115,7 @@ async def gather(
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
     callbacks: RunCallbacks | None = None,
+    batch: bool = False,
     **unknown: Never,
 ) -> list[Any]:
     """Send every request to ``backend`` and return one outcome per request, in input order.
@@ -135,6 +143,9 @@ async def gather(
         return_exceptions: Return a failed request's error in its place instead of raising.
         metrics: A `RunMetrics` to fill in as the run goes.
         callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
+        batch: Send generation requests through the backend's provider batch API (``openai``: OpenAI's
+            Files + Batches API, half the price); with a ``cache``, a killed run started again polls its
+            batches instead of sending them again (docs/batches.md).
         **unknown: Refused: any other keyword is a misspelled option (typed ``Never`` so mypy flags it too).
 
     Returns:
@@ -163,6 +174,7 @@ def run_batch(
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> list[Result]: ...
 @overload
 def run_batch(
@@ -178,6 +190,7 @@ def run_batch(
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> list[Result | AsyncBackendsError]: ...
 def run_batch(
     backend: AsyncBackend,
@@ -192,6 +205,7 @@ def run_batch(
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
     callbacks: RunCallbacks | None = None,
+    batch: bool = False,
     **unknown: Never,
 ) -> list[Any]:
     """The blocking twin of `gather` for sync code: same arguments, same result.
@@ -221,6 +235,7 @@ def as_completed(
     return_exceptions: Literal[False] = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> AsyncIterator[tuple[int, Result]]: ...
 @overload
 def as_completed(
@@ -236,6 +251,7 @@ def as_completed(
     return_exceptions: bool = ...,
     metrics: RunMetrics | None = ...,
     callbacks: RunCallbacks | None = ...,
+    batch: bool = ...,
 ) -> AsyncIterator[tuple[int, Result | AsyncBackendsError]]: ...
 async def as_completed(
     backend: AsyncBackend,
@@ -250,6 +266,7 @@ async def as_completed(
     return_exceptions: bool = False,
     metrics: RunMetrics | None = None,
     callbacks: RunCallbacks | None = None,
+    batch: bool = False,
     **unknown: Never,
 ) -> AsyncIterator[tuple[int, Any]]:
     """Yield ``(index, outcome)`` as each request finishes, whatever the order; same arguments as `gather`.
@@ -273,7 +290,7 @@ async def as_completed(
         else:
             here.call_soon_threadsafe(queue.put_nowait, (index, outcome))
 
-    run = Run(backend, sequence, options, put, watch(backend, options))
+    run = _runner(options)(backend, sequence, options, put, watch(backend, options))
     task = asyncio.ensure_future(manager.arun(run.run()))
     getter: asyncio.Future[tuple[int, Any]] | None = None
     try:

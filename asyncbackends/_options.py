@@ -150,6 +150,9 @@ class RunOptions:
         return_exceptions: Return a failed request's error in its place instead of raising.
         metrics: A `RunMetrics` to fill in as the run goes.
         callbacks: A `RunCallbacks` whose functions are called as requests end, retry and use tokens.
+        batch: Send the generation requests through the backend's provider batch API (`SupportsBatch`,
+            ``openai``): half the price, answered within the provider's window; ``concurrency``,
+            a ``timeout`` total and ``rate_limit`` have no meaning then and are refused.
 
     Raises:
         InvalidRequestError: A value of the wrong type or out of range.
@@ -164,6 +167,7 @@ class RunOptions:
     return_exceptions: bool = False
     metrics: RunMetrics | None = None
     callbacks: RunCallbacks | None = None
+    batch: bool = False
 
     def __post_init__(self) -> None:
         adaptive_settings(self.concurrency)
@@ -177,6 +181,20 @@ class RunOptions:
             raise InvalidRequestError(f"progress must be a bool or a str, got {type(self.progress).__name__}")
         if not isinstance(self.return_exceptions, bool):
             raise InvalidRequestError(f"return_exceptions must be a bool, got {self.return_exceptions!r}")
+        if not isinstance(self.batch, bool):
+            raise InvalidRequestError(f"batch must be a bool, got {self.batch!r}")
+        if self.batch:
+            # The provider paces a batch (answered within its window, hours): a client-side bound on
+            # requests in flight, per attempt or per second would bound nothing. The idle limit is left
+            # alone (it is on by default); nothing in a batch run streams.
+            total = as_timeouts(self.timeout).total
+            for name, value in (
+                ("concurrency", self.concurrency),
+                ("timeout", total),
+                ("rate_limit", self.rate_limit),
+            ):
+                if value is not None:
+                    raise InvalidRequestError(f"{name} has no meaning with batch=True (the provider paces)")
 
 
 def _check_type(name: str, value: object, expected: type | tuple[type, ...]) -> None:

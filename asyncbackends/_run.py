@@ -20,13 +20,11 @@ from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import TokenBucket, estimated_tokens
 from ._observability.observe import RequestObserver, RunObserver, current_request
-from ._observability.run_metrics import thinking_of
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
 from ._timeouts import as_timeouts, set_idle_timeout
 from ._types import (
-    GenerationResult,
     Request,
     Result,
 )
@@ -34,7 +32,6 @@ from .errors import (
     AsyncBackendsError,
     BackendError,
     BackendTimeoutError,
-    ContextLengthError,
     InvalidRequestError,
 )
 
@@ -233,23 +230,12 @@ class Run:
                 outcome = await self.one(request, slot, None)
             else:
                 outcome = await self.watched(observer, index, request, slot, start - self.started)
-            if isinstance(outcome, AsyncBackendsError):
-                if not self.return_exceptions:
-                    if self.first_error is None:
-                        self.first_error = outcome
-                    raise outcome
-                if metrics is not None:
-                    metrics.errors[type(outcome).__name__] += 1
-                    if isinstance(outcome, ContextLengthError):
-                        metrics.context_length_errors += 1
-            elif metrics is not None:
-                metrics.successes += 1
-                if isinstance(outcome, GenerationResult):
-                    metrics.prompt_tokens += outcome.prompt_tokens or 0
-                    metrics.completion_tokens += outcome.completion_tokens
-                    thinking, cut_off = thinking_of(outcome)
-                    metrics.reasoning_tokens += thinking
-                    metrics.reasoning_truncated += cut_off
+            if isinstance(outcome, AsyncBackendsError) and not self.return_exceptions:
+                if self.first_error is None:
+                    self.first_error = outcome
+                raise outcome
+            if metrics is not None:
+                metrics._record_outcome(outcome)
             sink(index, outcome)
             if metrics is not None:
                 end = time.perf_counter()

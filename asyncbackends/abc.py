@@ -22,6 +22,9 @@ wrappers); this module holds what an extension author builds on:
   `BackendTimeoutError` when it passes, so the attempt is retried. An adapter that cannot see progress
   (an answer sent whole after a long generation) should not apply it to such a request: it would cut a
   long answer; a short request (scoring) may be bounded by it as a whole.
+- **Provider batches**: `SupportsBatch`, what ``gather(..., batch=True)`` asks of a backend with a batch API,
+  with `BatchLimits`, `BatchLine` and `BatchStatus`; `BatchRecord`, a batch in flight as the response cache
+  keeps it for a restarted run.
 - **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
   its record of a replica (`Replica`, `ReplicaStats`) and the two rules that decide what a failed
   attempt means (`is_replica_fault`, `sent_nothing`).
@@ -33,7 +36,8 @@ Every other module of the package is private by name (a leading underscore) and 
 ``asyncbackends.integrations`` and ``asyncbackends.testing`` are public too.
 """
 
-from ._cache import backend_fingerprint
+from ._batch import BatchLimits, BatchLine, BatchStatus, SupportsBatch
+from ._cache import BatchRecord, backend_fingerprint
 from ._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ._clock import held_slot
 from ._observability.observe import RequestObserver, RunObserver, note_replica
@@ -53,6 +57,10 @@ from ._timeouts import idle_timeout
 __all__ = [
     "AsyncBackend",
     "BaseBackend",
+    "BatchLimits",
+    "BatchLine",
+    "BatchRecord",
+    "BatchStatus",
     "Replica",
     "ReplicaStats",
     "RequestObserver",
@@ -60,6 +68,7 @@ __all__ = [
     "RunObserver",
     "Secret",
     "SupportsAdaptiveLimit",
+    "SupportsBatch",
     "SupportsCheckReady",
     "SupportsFingerprint",
     "SupportsInfo",

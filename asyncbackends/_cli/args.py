@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--max-attempts", type=int, default=3, help="attempts per request (default 3)")
     run.add_argument("--cache", help="SQLite response cache: resume a run, skip what is done")
+    run.add_argument(
+        "--batch",
+        action="store_true",
+        help="send through the provider's Batch API (openai): half the price; with --cache a rerun polls "
+        "the batches a stopped run started",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_observability_options(run)
     run.add_argument(

@@ -240,6 +240,7 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "timeout": _timeouts(args.timeout, args.idle_timeout),
         "retry": RetryPolicy(max_attempts=args.max_attempts),
+        "batch": args.batch,
     }
     RunOptions(**options)
     return options

@@ -13,6 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._types import GenerationResult
+from ..errors import ContextLengthError
+
 __all__ = ["RunMetrics", "thinking_of"]
 
 
@@ -114,6 +117,21 @@ class RunMetrics:
             if s.limit is not None:
                 out[s.label]["limit"] = s.limit
         return out
+
+    def _record_outcome(self, outcome: object) -> None:
+        """Count one request's end: its error by type, or a success and its tokens."""
+        if isinstance(outcome, BaseException):
+            self.errors[type(outcome).__name__] += 1
+            if isinstance(outcome, ContextLengthError):
+                self.context_length_errors += 1
+            return
+        self.successes += 1
+        if isinstance(outcome, GenerationResult):
+            self.prompt_tokens += outcome.prompt_tokens or 0
+            self.completion_tokens += outcome.completion_tokens
+            thinking, cut_off = thinking_of(outcome)
+            self.reasoning_tokens += thinking
+            self.reasoning_truncated += cut_off
 
     def _record_latency(self, seconds: float, queued: float) -> None:
         self._latencies.append(seconds)

@@ -27,8 +27,10 @@ POWER_OF_TWO_ABOVE = 8
 def affinity_key(request: Request, chars: int) -> bytes | None:
     """The part of a request that decides its replica under affinity routing.
 
-    Its prompt's first ``chars`` characters (a loglikelihood request's context; a token prompt's first
-    ``chars // 4`` tokens); ``None`` for anything else.
+    Its prompt's first ``chars`` characters (a token prompt's first ``chars // 4`` tokens); a loglikelihood
+    request's context's last ``chars``: the choices of one question share it and stay together (the adapter
+    may score them in one engine request), while few-shot questions, alike at the start, spread over the
+    replicas (each caches the shared shots once); ``None`` for anything else.
     """
     text: str
     if isinstance(request, GenerationRequest):
@@ -40,7 +42,7 @@ def affinity_key(request: Request, chars: int) -> bytes | None:
         else:
             text = json.dumps([dict(m) for m in prompt], sort_keys=True)  # type: ignore[arg-type]
     elif isinstance(request, LoglikelihoodRequest):
-        text = request.context or request.continuation
+        return (request.context[-chars:] or request.continuation[:chars]).encode()
     elif isinstance(request, RollingLoglikelihoodRequest):
         text = request.text
     else:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from .._sampling_params import SamplingParams
 
-__all__ = ["EFFORT_SHARE", "THINK_END", "ThinkingMode", "thought_of"]
+__all__ = ["EFFORT_SHARE", "ThinkingMode", "thought_of"]
 
 ThinkingMode = Literal["off", "split", "inline"]
 """``off``: no thought; ``split``: the thought in `Completion.reasoning`; ``inline``: in the text."""

@@ -36,6 +36,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from .._batch import BatchLimits
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._protocol import BaseBackend, Secret
 from .._timeouts import idle_timeout
@@ -54,6 +55,7 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
+from ._openai_batch import OpenAIBatches
 from ._openai_scoring import VLLMServerScoring
 from ._openai_wire import (
     capabilities,
@@ -71,7 +73,7 @@ _NOT_VLLM = dict.fromkeys(
 )
 
 
-class OpenAIBackend(VLLMServerScoring, BaseBackend):
+class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
     """Talks to one OpenAI-compatible server. Build it with `create` (``ab.create_backend("openai", ...)``).
 
     Args:
@@ -88,6 +90,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         images: Claim `Capabilities.images` (image parts sent as they are); false for a text-only model.
         tools: Claim `Capabilities.tools`; false for a server without tool calling (vLLM started without
             ``--enable-auto-tool-choice --tool-call-parser``), so tool requests are refused before sending.
+        batch_limits: How ``batch=True`` runs cut and poll batches (OpenAI's limits by default).
     """
 
     name = "openai"
@@ -106,6 +109,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         max_concurrency: int | None = None,
         images: bool = True,
         tools: bool = True,
+        batch_limits: BatchLimits | None = None,
     ) -> None:
         if not isinstance(base_url, str):
             raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
@@ -130,6 +134,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         self._special_lock: asyncio.Lock | None = None
         self._claims = {"images": bool(images), "tools": bool(tools)}
         self.capabilities = capabilities(server, max_concurrency, **self._claims)
+        self.batch_limits = batch_limits or BatchLimits()
 
     @classmethod
     async def create(
@@ -145,6 +150,9 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         max_concurrency: int | None = None,
         images: bool = True,
         tools: bool = True,
+        batch_max_requests: int = 50_000,
+        batch_max_bytes: int = 200 * 1024 * 1024,
+        batch_poll_interval: float = 30.0,
     ) -> OpenAIBackend:
         """Build the backend, reading ``GET {base_url}/models`` to pick the model and recognise vLLM.
 
@@ -161,6 +169,9 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             max_concurrency: The concurrency `gather` uses when given none.
             images: Claim image parts (false for a text-only model).
             tools: Claim tools (false for a server without tool calling).
+            batch_max_requests: Most requests in one provider batch (``batch=True`` runs; OpenAI: 50,000).
+            batch_max_bytes: Most bytes in one batch's input file (OpenAI: 200 MB).
+            batch_poll_interval: Seconds between two looks at a batch in flight.
 
         Raises:
             InvalidRequestError: ``model=None`` and the server lists no model or several (they are named),
@@ -174,7 +185,9 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY") or ""
         secret = api_key if isinstance(api_key, Secret) else Secret(api_key)
+        limits = BatchLimits(batch_max_requests, batch_max_bytes, batch_poll_interval)
         backend = cls(
+            batch_limits=limits,
             base_url=base_url,
             model=model or "",
             api_key=secret,
@@ -279,8 +292,7 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
         rid = request.request_id
         self._check_open(rid)
         params = request.params
-        refuse_unsupported(params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM)
-        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        self._refuse(request)
         if params.max_tokens == 0:
             # OpenAI-compatible servers refuse max_tokens=0 without echo; the answer is known anyway.
             empty = tuple(
@@ -302,6 +314,20 @@ class OpenAIBackend(VLLMServerScoring, BaseBackend):
             body = await self._post(path, payload, rid)
         else:
             body = await self._streamed(path, payload, rid, chat=chat)
+        return self._result(request, body)
+
+    def _refuse(self, request: GenerationRequest) -> None:
+        """Refuse what this server cannot honour, before anything is sent (plain and batch paths)."""
+        rid = request.request_id
+        refuse_unsupported(
+            request.params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM
+        )
+        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+
+    def _result(self, request: GenerationRequest, body: Any) -> GenerationResult:
+        """A completions answer's body as the request's result (plain and batch paths)."""
+        rid, params = request.request_id, request.params
+        chat = request.prompt_kind == "chat"
         try:
             completions, prompt_tokens, generated, model = parse_completions(
                 body, chat=chat, logprobs=params.logprobs

@@ -162,17 +162,18 @@ def build_tasks(
     (folder / "speed_gen.yaml").write_text(gen_yaml)
 
 
-def _build_model(mode: str, model: str, shim: Path) -> Any:
+def _build_model(mode: str, model: str, shim: Path, options: dict[str, Any] | None = None) -> Any:
+    options = ENGINE_OPTIONS if options is None else options
     if mode == "lm-eval":
         from asyncbackends.testing._vllm_metadata import vllm_metadata_shim
 
         vllm_metadata_shim(shim)
         from lm_eval.models.vllm_causallms import VLLM
 
-        return VLLM(pretrained=model, **ENGINE_OPTIONS)
+        return VLLM(pretrained=model, **options)
     from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
-    return AsyncBackendsLM(backend="vllm", model=model, **ENGINE_OPTIONS)
+    return AsyncBackendsLM(backend="vllm", model=model, **options)
 
 
 def _timed(lm: Any, times: dict[str, float]) -> None:

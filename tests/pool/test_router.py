@@ -327,3 +327,14 @@ async def test_per_replica_limits_follow_replicas_added_and_drained() -> None:
     await router.drain(added)
     assert limits.total() == 4
     await router.aclose()
+
+
+def test_affinity_keeps_a_questions_choices_together_and_spreads_few_shot_questions() -> None:
+    from asyncbackends._routing.choice import affinity_key
+
+    shots = "Q: one? A: 1\n" * 40
+    first = [ab.LoglikelihoodRequest(shots + "Q: two? A:", f" {c}") for c in "1234"]
+    second = ab.LoglikelihoodRequest(shots + "Q: three? A:", " 1")
+    assert len({affinity_key(r, 256) for r in first}) == 1
+    assert affinity_key(second, 256) != affinity_key(first[0], 256)  # the shared shots do not decide
+    assert affinity_key(ab.LoglikelihoodRequest("", " only"), 256) == b" only"

@@ -35,6 +35,9 @@ def _hf_pair(hf_tokenizer: Any, context: str, continuation: str) -> tuple[list[i
         return [hf_tokenizer.bos_token_id, *ids], len(ids)
     ctx = hf_tokenizer(context).input_ids
     whole = hf_tokenizer(context + continuation).input_ids
+    if len(whole) == len(ctx):  # merged into the context's last token: scored as its own tokens instead
+        own = hf_tokenizer(continuation, add_special_tokens=False).input_ids
+        return ctx + own, len(own)
     return whole, len(whole) - len(ctx)
 
 

@@ -6,7 +6,9 @@ starts its loop-bound tasks on the shared loop (`_engine_lifecycle`), and every 
 request (a rolling loglikelihood sends one per window) with ``RequestOutputKind.FINAL_ONLY`` and waits for its
 final output; a cancelled or failed call aborts its engine request instead of leaving it running. Requests
 and results are translated in `_requests`; this module holds the engine's lifetime and the request path.
-An engine core that dies is started again and its requests sent again, up to ``max_restarts`` (`_restart`).
+Loglikelihoods ask the engine for the scored tokens only, the one-token choices of a question that arrive
+together in one engine request (`_scoring_path`). An engine core that dies is started again and its requests
+sent again, up to ``max_restarts`` (`_restart`).
 
 Throughput: ``AsyncLLM.from_engine_args`` picks the scheduler limits of ``UsageContext.ENGINE_CONTEXT``,
 several times smaller than the offline ``LLM`` class's on a large GPU (max_num_seqs 128 vs 1024), which made
@@ -48,7 +50,7 @@ from ...errors import (
 )
 from .._checkpoint import checkpoint_fields
 from .._lengths import says_context_length
-from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result, tail_logprobs
+from .._scoring import aplan_loglikelihood, plan_rolling, scored_result
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._checks import check_before_import, engine_defaults, import_vllm
 from ._engine_plan import VLLMEnginesBackend, check_engines, create_engines
@@ -70,8 +72,9 @@ if TYPE_CHECKING:
     from ._compat import GracefulHTTPError, VLLMClientError, VLLMError
     from ._engine_lifecycle import start_engine, stop_engine
     from ._reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
-    from ._requests import completions, engine_capabilities, engine_input, scoring_params, vllm_sampling
+    from ._requests import completions, engine_capabilities, engine_input, vllm_sampling
     from ._requests import prompt_ids as translate_prompt
+    from ._scoring_path import EngineScoring, scoring_mode
 
 __all__ = ["VLLMBackend"]
 
@@ -140,6 +143,8 @@ class VLLMBackend(BaseBackend):
         # encoding bounded scoring however many engines there were (docs/benchmarks.md). It makes its
         # futures and worker on the loop that runs the requests (the shared loop).
         self._encoder = TextEncoder(self._encode_texts)
+        # How loglikelihoods are asked of the engine, chosen once from what this vLLM offers (_scoring_path).
+        self._scoring = EngineScoring(self._run, scoring_mode(), backend=self.name)
         # The engine refuses a prompt that leaves no room for one generated token.
         self._max_prompt_tokens = self.max_model_len - 1
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
@@ -444,17 +449,6 @@ class VLLMBackend(BaseBackend):
 
     # -- scoring -------------------------------------------------------------------------------------
 
-    async def _score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
-        """The (logprob, is it the top-1 token) of each of the plan's scored tokens."""
-        output = await self._run(list(plan.token_ids), scoring_params(), request_id)
-        rows = output.prompt_logprobs
-        if rows is None or len(rows) != len(plan.token_ids):
-            raise BackendError("vllm returned no prompt logprobs", backend=self.name, request_id=request_id)
-        scored = tail_logprobs(rows, plan)
-        if scored is None:
-            raise BackendError("vllm omitted a prompt logprob", backend=self.name, request_id=request_id)
-        return scored
-
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         # The tokenizer's batch call, not encode() text by text: a fast tokenizer encodes the batch in Rust
         # across the cores with the GIL released, and its ids are encode()'s (tested).
@@ -482,14 +476,15 @@ class VLLMBackend(BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
-        return scored_result(request.request_id, await self._score(plan, request.request_id))
+        return scored_result(request.request_id, await self._scoring.score(plan, request.request_id))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
         self._check_open(request.request_id)
         [ids] = await self._encoder.encode([request.text], keep=False)  # a whole document: not worth keeping
         plans = plan_rolling(ids, prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens)
-        windows = await all_or_nothing([self._score(plan, request.request_id) for plan in plans])
+        score = self._scoring.score_prompt
+        windows = await all_or_nothing([score(plan, request.request_id) for plan in plans])
         return scored_result(request.request_id, [item for window in windows for item in window])
 
     # -- lifetime ------------------------------------------------------------------------------------

@@ -189,9 +189,9 @@ def import_vllm(namespace: dict[str, Any]) -> None:
             engine_capabilities,
             engine_input,
             prompt_ids,
-            scoring_params,
             vllm_sampling,
         )
+        from ._scoring_path import EngineScoring, scoring_mode
     namespace.update(
         vllm=vllm,
         VLLMSamplingParams=SamplingParams,
@@ -213,6 +213,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         completions=completions,
         engine_input=engine_input,
         translate_prompt=prompt_ids,
-        scoring_params=scoring_params,
+        EngineScoring=EngineScoring,
+        scoring_mode=scoring_mode,
         vllm_sampling=vllm_sampling,
     )

@@ -30,7 +30,6 @@ __all__ = [
     "engine_capabilities",
     "engine_input",
     "prompt_ids",
-    "scoring_params",
     "vllm_sampling",
 ]
 
@@ -117,26 +116,6 @@ def _converted(params: SamplingParams) -> VLLMSamplingParams:
 
 
 _shared = functools.lru_cache(maxsize=64)(_converted)
-
-
-# vLLM turns every prompt position's logprobs into a dict of Logprob objects on the loop that serves the
-# requests, which was the largest cost of scoring (1.1 of 3.2 s for lm-eval's 1,200 multiple-choice
-# requests on the CPU); FlatLogprobs keeps them in flat lists instead. Older vLLM has no such field.
-_FLAT_LOGPROBS: dict[str, Any] = (
-    {"flat_logprobs": True} if "flat_logprobs" in VLLMSamplingParams.__struct_fields__ else {}
-)
-
-
-@functools.cache
-def scoring_params() -> VLLMSamplingParams:
-    """One generated token and the logprob of every prompt token: how a prompt is scored (shared)."""
-    return VLLMSamplingParams(
-        max_tokens=1,
-        prompt_logprobs=0,
-        detokenize=False,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        **_FLAT_LOGPROBS,
-    )
 
 
 def prompt_ids(tokenizer: Any, request: GenerationRequest, *, model: str, backend: str) -> list[int]:
