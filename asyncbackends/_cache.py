@@ -175,6 +175,7 @@ def _decode(kind: str, value: str, request_id: str | None) -> Result:
                 reasoning=c.get("reasoning"),
                 reasoning_tokens=c.get("reasoning_tokens", 0),
                 reasoning_truncated=c.get("reasoning_truncated", False),
+                token_texts=tuple(c.get("token_texts", ())),
             )
             for c in data.pop("completions")
         )

@@ -31,6 +31,8 @@ class Completion:
         reasoning_tokens: Tokens spent thinking (0 where none or unknown).
         reasoning_truncated: Generation stopped before thinking ended (``max_tokens``): there is no answer,
             so ``text`` is ``""``, never the unfinished thought.
+        token_texts: Each generated token's text as the backend reported it, where it names tokens by text
+            (servers do with logprobs: OpenAI's ``logprobs.content[].token``); ``()`` otherwise.
     """
 
     text: str
@@ -41,6 +43,7 @@ class Completion:
     reasoning: str | None = None
     reasoning_tokens: int = 0
     reasoning_truncated: bool = False
+    token_texts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Checked cheaply (results are built once per request on the hot path) but enough that every
@@ -69,6 +72,17 @@ class Completion:
             set_field(self, "tool_calls", ())
         if self.reasoning is not None or self.reasoning_tokens or self.reasoning_truncated:
             self._check_reasoning()
+        if self.token_texts or type(self.token_texts) is not tuple:
+            self._check_token_texts()
+
+    def _check_token_texts(self) -> None:
+        texts = () if self.token_texts is None else self.token_texts  # None: not reported, as for token_ids
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+            raise InvalidRequestError(f"token_texts must be a sequence of str, got {type(texts).__name__}")
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidRequestError("token_texts must hold only str")
+        if texts is not self.token_texts or type(texts) is not tuple:
+            set_field(self, "token_texts", tuple(texts))
 
     def _check_reasoning(self) -> None:
         if self.reasoning is not None and not isinstance(self.reasoning, str):
@@ -93,12 +107,16 @@ class GenerationResult:
         completions: Exactly ``params.n`` completions, in index order.
         prompt_tokens: Tokens in the prompt, where known.
         model: The model that answered, where known.
+        generated_tokens: Generated tokens over all completions as the backend counted them (a server's
+            ``usage.completion_tokens``), where it reports a count; ``None`` otherwise. Set it where the
+            completions carry no token ids: `completion_tokens` reads it first.
     """
 
     request_id: str | None
     completions: tuple[Completion, ...]
     prompt_tokens: int | None = None
     model: str | None = None
+    generated_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Built once per request on the hot path: the common case (a str id, a tuple) costs no call.
@@ -115,6 +133,11 @@ class GenerationResult:
             raise InvalidRequestError(f"prompt_tokens must be an int or None, got {self.prompt_tokens!r}")
         if self.model is not None and not isinstance(self.model, str):
             raise InvalidRequestError(f"model must be a str or None, got {type(self.model).__name__}")
+        generated = self.generated_tokens
+        if generated is not None and (not is_int(generated) or generated < 0):
+            raise InvalidRequestError(
+                f"generated_tokens must be an int >= 0 or None, got {self.generated_tokens!r}"
+            )
 
     @property
     def text(self) -> str:
@@ -123,7 +146,13 @@ class GenerationResult:
 
     @property
     def completion_tokens(self) -> int:
-        """Generated tokens over all completions (0 where the backend gave no token ids)."""
+        """Generated tokens over all completions.
+
+        The backend's count (`generated_tokens`) where it gave one, else the token ids counted (0 where it
+        gave neither).
+        """
+        if self.generated_tokens is not None:
+            return self.generated_tokens
         return sum(len(c.token_ids) for c in self.completions)
 
 

@@ -4,7 +4,10 @@
 wrappers); this module holds what an extension author builds on:
 
 - **Adapters**: the `AsyncBackend` protocol and its optional members (`SupportsRollingLoglikelihood`,
-  `SupportsFingerprint`), the optional base class `BaseBackend`, `Secret` for credentials,
+  `SupportsFingerprint`, and the side doors integrations and routers read where a backend has them:
+  `SupportsTokenizer`, `SupportsMaxModelLen`, `SupportsCheckReady`, `SupportsInfo`, `SupportsAdaptiveLimit`;
+  every wrapper forwards them, a pool what its replicas share), the optional base class `BaseBackend`,
+  `Secret` for credentials,
   `refuse_unsupported` and `refuse_unclaimed_chat` (the first calls in an adapter's ``generate``: optional
   sampling parameters, images and tools it does not claim), `backend_fingerprint` (the identity
   the response cache keys on), `held_slot` (an adapter's own connection slots, which ``gather``'s
@@ -42,6 +45,13 @@ from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, S
 from ._registry import check_options, required_options
 from ._routing.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
 from ._routing.router import Router
+from ._side_doors import (
+    SupportsAdaptiveLimit,
+    SupportsCheckReady,
+    SupportsInfo,
+    SupportsMaxModelLen,
+    SupportsTokenizer,
+)
 from ._timeouts import idle_timeout
 
 __all__ = [
@@ -57,9 +67,14 @@ __all__ = [
     "Router",
     "RunObserver",
     "Secret",
+    "SupportsAdaptiveLimit",
     "SupportsBatch",
+    "SupportsCheckReady",
     "SupportsFingerprint",
+    "SupportsInfo",
+    "SupportsMaxModelLen",
     "SupportsRollingLoglikelihood",
+    "SupportsTokenizer",
     "backend_fingerprint",
     "check_options",
     "held_slot",

@@ -32,8 +32,14 @@ from ..errors import AsyncBackendsError, BackendError
 
 __all__ = ["RecordWriter", "RunInterrupted", "record", "results_only_stdout", "stream_outcomes"]
 
-# Completion fields left out of a record where they hold these values (no reasoning model was involved).
-_REASONING_UNSET: dict[str, Any] = {"reasoning": None, "reasoning_tokens": 0, "reasoning_truncated": False}
+# Completion fields left out of a record where they hold these values (no reasoning model was involved, no
+# token texts reported), and the result's server count where there is none: records stay as they were.
+_REASONING_UNSET: dict[str, Any] = {
+    "reasoning": None,
+    "reasoning_tokens": 0,
+    "reasoning_truncated": False,
+    "token_texts": (),
+}
 
 # How long Ctrl-C waits for the cancelled run's clean-up (engine requests aborted) before giving up.
 _CLEANUP_TIMEOUT = 30.0
@@ -51,6 +57,8 @@ def record(index: int, request: Request, outcome: Any) -> dict[str, Any]:
     else:
         result = dataclasses.asdict(outcome)
         result.pop("request_id", None)
+        if result.get("generated_tokens", 0) is None:
+            result.pop("generated_tokens")
         for completion in result.get("completions", ()):
             # A reasoning model's thinking beside its text; records of other models stay as they were.
             for name, unset in _REASONING_UNSET.items():

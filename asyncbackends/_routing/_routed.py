@@ -33,6 +33,7 @@ from .._adaptive import AdaptiveConcurrency, ChangeReason
 from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
+from .._side_doors import shared
 from .._types import (
     Capabilities,
     GenerationRequest,
@@ -68,6 +69,19 @@ class RoutedBackend(BaseBackend):
     def router(self) -> Router:
         """The router (its replicas, their state and figures)."""
         return self._router
+
+    # -- what the replicas share (`asyncbackends.abc` side doors): AttributeError where not all have it --
+
+    @property
+    def tokenizer(self) -> Any:
+        """The replicas' tokenizer (`SupportsTokenizer`), where every replica has one."""
+        return shared([r.backend for r in self._router.replicas], "tokenizer")
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The smallest of the replicas' context lengths (`SupportsMaxModelLen`), where every one knows it."""
+        length: int | None = shared([r.backend for r in self._router.replicas], "max_model_len")
+        return length
 
     def replica_stats(self) -> list[ReplicaStats]:
         """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""

@@ -149,6 +149,7 @@ class Replica:
         "_epoch",
         "_probe",
         "_streak",
+        "_taken_in",
         "backend",
         "capacity",
         "cooldowns",
@@ -177,6 +178,7 @@ class Replica:
         self.last_error: str | None = None
         self._streak = 0  # faults in a row: the next cool-down is cooldown * 2 ** (streak - 1)
         self._epoch = 0  # bumped when taken back; a success only clears the streak if sent since
+        self._taken_in = True  # taken into routing since it joined (`add` clears it until a probe passes)
         self._probe: asyncio.Task[None] | None = None
         self.limiter: AdaptiveLimiter | None = None  # its own adaptive limit, where the router keeps them
 

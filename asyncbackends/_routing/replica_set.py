@@ -84,6 +84,7 @@ class ReplicaSet:
             raise InvalidRequestError(f"replica label {replica.label!r} is used already in {self.name}")
         self._labels.add(replica.label)
         replica.state = COOLING  # out of routing until its first probe passes
+        replica._taken_in = False
         replica.last_error = "joining: waiting for its first probe"
         replica.cooled_until = 0.0
         self.replicas.append(replica)
@@ -110,7 +111,9 @@ class ReplicaSet:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         waiting = list(replicas)
-        while waiting := [r for r in waiting if r.state != HEALTHY]:  # one taken in and cooled since counts
+        # One taken in and cooled since (its first requests met a 503, say) counts: it joined, and its probe
+        # brings it back as for any replica.
+        while waiting := [r for r in waiting if not r._taken_in]:
             for replica in waiting:
                 if replica.state != COOLING or self._closed:
                     raise BackendUnavailableError(
@@ -208,6 +211,7 @@ class ReplicaSet:
             if replica.state != COOLING:
                 return  # drained or refused while the probe ran
             replica.state = HEALTHY
+            replica._taken_in = True
             record_replica_state(self.name, replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)

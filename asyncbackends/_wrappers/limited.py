@@ -21,6 +21,7 @@ from .._limits import RateBuckets
 from .._loop import get_loop_manager
 from .._options import Concurrency, RateLimit, check_limits, rate_buckets
 from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
+from .._side_doors import FORWARDED
 from .._timeouts import TimeoutOption, Timeouts, as_timeouts, set_idle_timeout
 from .._types import (
     Capabilities,
@@ -72,6 +73,11 @@ class LimitedBackend(Closing):
         self._limiter: AdaptiveLimiter | None = None
         self._rates: RateBuckets | None = None
         self._ready = False
+        # The backend's side doors (`asyncbackends.abc`), as instance attributes: `isinstance` with their
+        # protocols then answers for the wrapper as for the backend (it reads no property or __getattr__).
+        for side_door in FORWARDED:
+            if hasattr(backend, side_door):
+                setattr(self, side_door, getattr(backend, side_door))
 
     def __repr__(self) -> str:
         return (

@@ -316,6 +316,7 @@ def pool(
     Raises:
         InvalidRequestError: Bad options, or (from sync code) replicas serving different models.
     """
+    Router.check_options(routing, **router_options)  # a misspelt option: this error, not a TypeError
     backend = PoolBackend(backends, routing=routing, capacities=capacities, labels=labels, **router_options)
     manager = get_loop_manager()
     manager.track(backend)

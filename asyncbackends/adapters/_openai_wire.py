@@ -111,25 +111,31 @@ def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
 
 def parse_completions(
     body: Any, *, chat: bool, logprobs: bool
-) -> tuple[tuple[Completion, ...], int | None, str | None]:
-    """The completions in ``index`` order, the prompt's token count and the model that answered."""
+) -> tuple[tuple[Completion, ...], int | None, int | None, str | None]:
+    """The completions in ``index`` order, the prompt's and their token counts, and the model that answered.
+
+    The counts are the server's ``usage`` (``None`` where it gives none).
+    """
     choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
     completions = tuple(_completion(c, chat, logprobs) for c in choices)
     usage = body.get("usage") or {}
     spent = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     if len(completions) == 1 and isinstance(spent, int) and spent > 0:  # usage counts all choices together
         completions = (dataclasses.replace(completions[0], reasoning_tokens=spent),)
-    return completions, usage.get("prompt_tokens"), body.get("model") or None
+    return completions, usage.get("prompt_tokens"), usage.get("completion_tokens"), body.get("model") or None
 
 
 def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
     text = (choice["message"].get("content") or "") if chat else choice["text"]
     logprobs = None
+    texts: tuple[str, ...] = ()
     lp = choice.get("logprobs")
     if want_logprobs and lp:
         values = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
         if all(v is not None for v in values):
             logprobs = tuple(float(v) for v in values)
+            # The server names each token by its text: kept, since most servers send no token ids.
+            texts = tuple(t["token"] for t in lp["content"]) if chat else tuple(lp["tokens"])
     token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
     calls = (choice["message"].get("tool_calls") or ()) if chat else ()
     tool_calls = tuple(ToolCall.from_openai(call) for call in calls)
@@ -142,7 +148,14 @@ def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> C
     # Cut off while thinking: no answer, never the thought as the answer.
     truncated = bool(reasoning) and finish == "length" and not text and not tool_calls
     return Completion(
-        text, token_ids, logprobs, finish, tool_calls, reasoning=reasoning, reasoning_truncated=truncated
+        text,
+        token_ids,
+        logprobs,
+        finish,
+        tool_calls,
+        reasoning=reasoning,
+        reasoning_truncated=truncated,
+        token_texts=texts,
     )
 
 

@@ -128,7 +128,10 @@ def parse_generate(body: Any, params: Any) -> Completion:
     logprobs = tuple(t["logprob"] for t in tokens) if params.logprobs else None
     if logprobs is not None and any(lp is None for lp in logprobs):
         logprobs = None
-    return Completion(text, tuple(t["id"] for t in tokens), logprobs, _FINISH.get(reason, reason))
+    texts = tuple(t["text"] for t in tokens) if logprobs is not None else ()
+    return Completion(
+        text, tuple(t["id"] for t in tokens), logprobs, _FINISH.get(reason, reason), token_texts=texts
+    )
 
 
 def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]:
@@ -182,11 +185,15 @@ def parse_chat(body: Any, params: Any) -> tuple[Completion, Any]:
     choice = body["choices"][0]
     text = choice["message"].get("content") or ""
     logprobs = None
+    texts: tuple[str, ...] = ()
     if params.logprobs and choice.get("logprobs"):
-        logprobs = tuple(float(t["logprob"]) for t in choice["logprobs"]["content"])
+        content = choice["logprobs"]["content"]
+        logprobs = tuple(float(t["logprob"]) for t in content)
+        texts = tuple(t["token"] for t in content)  # the chat route names tokens by text only
     usage = body.get("usage") or {}
     calls = tuple(ToolCall.from_openai(call) for call in choice["message"].get("tool_calls") or ())
-    return Completion(text, (), logprobs, choice.get("finish_reason"), calls), usage
+    completion = Completion(text, (), logprobs, choice.get("finish_reason"), calls, token_texts=texts)
+    return completion, usage
 
 
 def _grammar(params: Any) -> dict[str, Any] | None:

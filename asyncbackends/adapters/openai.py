@@ -329,7 +329,9 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         rid, params = request.request_id, request.params
         chat = request.prompt_kind == "chat"
         try:
-            completions, prompt_tokens, model = parse_completions(body, chat=chat, logprobs=params.logprobs)
+            completions, prompt_tokens, generated, model = parse_completions(
+                body, chat=chat, logprobs=params.logprobs
+            )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise self._malformed(rid, exc) from exc
         if len(completions) != params.n:
@@ -339,7 +341,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 request_id=rid,
                 retryable=False,
             )
-        return GenerationResult(rid, completions, prompt_tokens, model or self.model)
+        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated)
 
     # -- wire ----------------------------------------------------------------------------------------
 

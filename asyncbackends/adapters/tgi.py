@@ -90,6 +90,8 @@ from ._tgi_wire import (
 __all__ = ["TGIBackend"]
 
 T = TypeVar("T")
+# One call's completion, prompt tokens and generated tokens (each count None where the server gave none).
+_Once = tuple[Completion, int | None, int | None]
 log = logging.getLogger(__name__)
 # The status a streamed route would have answered for each of TGI's error types (its OpenAPI spec).
 _STREAM_ERROR_STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "incomplete_generation": 500}
@@ -312,8 +314,15 @@ class TGIBackend(BaseBackend):
             outs = [await one(sent, seeds[0])]
         else:
             outs = await all_or_nothing([one(sent, s) for s in seeds])
-        got = tuple(c if tags is None else split_by_tags(c, tags, params.stop) for c, _ in outs)
-        return GenerationResult(rid, got, prompt_tokens=outs[0][1], model=info.model_id)
+        got = tuple(c if tags is None else split_by_tags(c, tags, params.stop) for c, _, _ in outs)
+        counted = [generated for _, _, generated in outs if generated is not None]
+        return GenerationResult(
+            rid,
+            got,
+            prompt_tokens=outs[0][1],
+            model=info.model_id,
+            generated_tokens=sum(counted) if len(counted) == len(outs) else None,
+        )
 
     def _check_length(
         self, info: TGIInfo, text: str, max_new: int, rid: str | None, prompt_min: int = 1
@@ -323,9 +332,7 @@ class TGIBackend(BaseBackend):
         if problem:
             raise ContextLengthError(problem, backend=self.name, request_id=rid)
 
-    async def _generate_once(
-        self, request: GenerationRequest, seed: int | None
-    ) -> tuple[Completion, int | None]:
+    async def _generate_once(self, request: GenerationRequest, seed: int | None) -> _Once:
         # Streamed, so that the idle limit sees each token: a long generation that keeps producing is
         # never cut. The events are assembled into /generate's answer and parsed as it is.
         rid = request.request_id
@@ -346,15 +353,16 @@ class TGIBackend(BaseBackend):
             status = _STREAM_ERROR_STATUS.get(str(failed.get("error_type")), 500)
             raise error_for_status(status, json.dumps(failed), backend=self.name, request_id=rid)
         prompt_tokens = int_header(resp.headers, "x-prompt-tokens") or body["details"]["input_length"]
-        return completion, prompt_tokens
+        return completion, prompt_tokens, len(completion.token_ids)
 
-    async def _chat_once(self, request: GenerationRequest, seed: int | None) -> tuple[Completion, int | None]:
+    async def _chat_once(self, request: GenerationRequest, seed: int | None) -> _Once:
         body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
         try:
             completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             raise self._malformed(request.request_id, exc) from exc
-        return completion, usage.get("prompt_tokens")
+        # The chat route gives no token ids: its usage is the only count of what it generated.
+        return completion, usage.get("prompt_tokens"), usage.get("completion_tokens")
 
     # -- loglikelihood -------------------------------------------------------------------------------
 

@@ -254,17 +254,20 @@ _STOP_REASONS: Mapping[str, StopReason] = {"stop": "stop", "length": "max_tokens
 
 
 def _logprobs(completion: Completion, token_text: Callable[[int], str]) -> Logprobs | None:
-    if completion.logprobs is None:
+    values = completion.logprobs
+    if values is None:
         return None
-    if len(completion.token_ids) != len(completion.logprobs):
-        # Without the ids there is no token to name: the values alone would not make an inspect Logprob.
-        raise InvalidRequestError("the backend returned logprobs without the token ids they belong to")
-    return Logprobs(
-        content=[
-            Logprob(token=token_text(t), logprob=lp)
-            for t, lp in zip(completion.token_ids, completion.logprobs, strict=True)
-        ]
-    )
+    if len(completion.token_texts) == len(values):
+        # The server's own spelling of each token (HTTP servers name tokens by text, most send no ids).
+        tokens = list(completion.token_texts)
+    elif len(completion.token_ids) == len(values):
+        tokens = [token_text(t) for t in completion.token_ids]
+    else:
+        # Neither texts nor ids to name the tokens by: the values alone would not make an inspect Logprob.
+        raise InvalidRequestError(
+            f"the backend returned {len(values)} logprobs but neither the texts nor the ids of their tokens"
+        )
+    return Logprobs(content=[Logprob(token=t, logprob=lp) for t, lp in zip(tokens, values, strict=True)])
 
 
 def _message(completion: Completion, model: str, tools: list[ToolInfo]) -> ChatMessageAssistant:
@@ -312,8 +315,9 @@ def model_output(
         model: The model name when the result names none.
         tools: The tools offered (inspect's parser checks the calls against them).
         input_tokens: Prompt tokens (the backend's count where it reports one).
-        output_tokens: Tokens of one completion (its token ids, else counted).
-        token_text: A token id's text, for logprobs.
+        output_tokens: Tokens of one completion (its token ids, else counted), where the result has no
+            count of the backend's (`GenerationResult.generated_tokens`).
+        token_text: A token id's text, for logprobs the backend gave with token ids but not their texts.
     """
     name = result.model or model
     choices = [
@@ -324,7 +328,9 @@ def model_output(
         )
         for c in result.completions
     ]
-    generated = sum(output_tokens(c) for c in result.completions)
+    generated = result.generated_tokens  # the server's own count, where it reports one
+    if generated is None:
+        generated = sum(output_tokens(c) for c in result.completions)
     thinking = any(c.reasoning is not None or c.reasoning_tokens for c in result.completions)
     usage = ModelUsage(
         input_tokens=input_tokens,

@@ -61,7 +61,8 @@ def chat_prompt(context: str, visuals: Sequence[Any] | None) -> str | list[dict[
 
     Raises:
         InvalidRequestError: Images with a context that is not chat-templated (run lm-eval with
-            ``--apply_chat_template``), or more placeholders than images.
+            ``--apply_chat_template``), more placeholders than images, or images no placeholder places
+            (lm-eval's ``vllm-vlm`` passes every image: one left out would be a silently different question).
     """
     if not context.startswith(_MARK):
         if visuals:
@@ -91,4 +92,10 @@ def chat_prompt(context: str, visuals: Sequence[Any] | None) -> str | list[dict[
                 parts.append(image_part(images[used]))
                 used += 1
         message["content"] = parts
+    if used < len(images):
+        raise InvalidRequestError(
+            f"lm-eval passed {len(images)} image(s) but the context has {used} {IMAGE_PLACEHOLDER} "
+            f"placeholder(s): {len(images) - used} image(s) would not be sent; the task must put one "
+            f"{IMAGE_PLACEHOLDER} where each image goes"
+        )
     return messages

@@ -56,5 +56,15 @@ def test_the_chat_contracts_fail_adapters_that_break_them() -> None:
             return ab.GenerationResult(request.request_id, (ab.Completion("", tool_calls=(call,)),))
 
     assert "break the schema" in _failure(suite.test_named_tool_choice_obeyed, RightNameBadArguments())
+
+    class LegacyFinishReason(WrongTool):
+        # The wire's own word passed through: OpenAI's legacy "function_call" ("stop" is mapped by Completion).
+        async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+            call = ab.ToolCall("call_0", "answer", '{"answer": "yes"}')
+            completion = ab.Completion("", tool_calls=(call,), finish_reason="function_call")
+            return ab.GenerationResult(request.request_id, (completion,))
+
+    message = _failure(suite.test_named_tool_choice_obeyed, LegacyFinishReason())
+    assert "finish_reason 'function_call' for a completion holding tool calls" in message
     # The real mock meets them.
     suite.test_named_tool_choice_obeyed(MockBackend(), ["Is the sky blue?", "Is grass red?"])

@@ -173,6 +173,7 @@ _completions = st.builds(
     token_ids=st.none() | st.lists(_ints).map(tuple) | st.lists(_ints),
     logprobs=st.none() | st.lists(_floats).map(tuple) | st.lists(_floats),
     finish_reason=_maybe_text,
+    token_texts=st.none() | st.lists(st.text()).map(tuple) | st.lists(st.text()),
 )
 _results = st.builds(
     ab.GenerationResult,
@@ -180,6 +181,7 @@ _results = st.builds(
     completions=st.lists(_completions, max_size=3).map(tuple),
     prompt_tokens=st.none() | _ints,
     model=_maybe_text,
+    generated_tokens=st.none() | st.integers(0, 2**70),
 ) | st.builds(
     ab.LoglikelihoodResult,
     request_id=_maybe_text,
@@ -228,6 +230,11 @@ def test_numpy_like_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
         lambda: ab.Completion("a", token_ids="abc"),  # type: ignore[arg-type]
         lambda: ab.Completion("a", logprobs=["x"]),  # type: ignore[list-item]
         lambda: ab.Completion("a", finish_reason=1),  # type: ignore[arg-type]
+        lambda: ab.Completion("a", token_texts="ab"),  # type: ignore[arg-type]
+        lambda: ab.Completion("a", token_texts=[1]),  # type: ignore[list-item]
+        lambda: ab.GenerationResult("r", (), generated_tokens=-1),
+        lambda: ab.GenerationResult("r", (), generated_tokens=2.0),  # type: ignore[arg-type]
+        lambda: ab.GenerationResult("r", (), generated_tokens=True),
         lambda: ab.GenerationResult("r", ("text",)),  # type: ignore[arg-type]
         lambda: ab.GenerationResult("r", "text"),  # type: ignore[arg-type]
         lambda: ab.GenerationResult("r", (), prompt_tokens=1.0),  # type: ignore[arg-type]

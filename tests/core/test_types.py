@@ -98,6 +98,19 @@ def test_defaults_are_valid() -> None:
     assert ab.LoglikelihoodResult("id", -1.0).is_greedy is None
 
 
+def test_completion_tokens_prefer_the_backends_own_count() -> None:
+    # A server's usage counts what it generated even where it returns no token ids (TGI chat, OpenAI chat).
+    counted = ab.GenerationResult("id", (ab.Completion("ab"),), generated_tokens=7)
+    assert counted.completion_tokens == 7
+    assert ab.GenerationResult("id", (ab.Completion("ab"),)).completion_tokens == 0
+    # Where both are given the backend's count wins (a stop sequence's tokens, an EOS it leaves out of ids).
+    assert (
+        ab.GenerationResult("id", (ab.Completion("ab", (1, 2)),), generated_tokens=3).completion_tokens == 3
+    )
+    assert ab.Completion("ab", token_texts=["a", "b"]).token_texts == ("a", "b")
+    assert ab.Completion("ab", token_texts=None).token_texts == ()  # type: ignore[arg-type]
+
+
 @given(
     max_tokens=st.integers(0, 4096),
     temperature=st.floats(0, 5),

@@ -304,9 +304,32 @@ def test_should_retry_maps_errors_to_inspects_decisions(make_model: Any) -> None
         assert not api.should_retry(final)
 
 
+class _Words:
+    """A tokenizer reading one word as one token (the backend's own, where it has one)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        return text.split()
+
+
+class _WithTokenizer(MockBackend):
+    name = "worded"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = _Words()
+
+
 def test_tokens_are_counted_without_a_download(make_model: Any) -> None:
-    model = make_model()
-    assert asyncio.run(model.api.count_tokens("seven c")) == 7
+    # Each way of counting gives another number for the same text: which one was used shows.
+    text = "seven words of text in this sentence"  # 7 words, 36 characters
+    assert asyncio.run(make_model().api.count_tokens(text)) == 36  # the mock: a character a token
+    own = _WithTokenizer()
+    assert asyncio.run(provider.inspect_model(own).api.count_tokens(text)) == 7  # the backend's tokenizer
+    plain = MockBackend()
+    plain.name = "plain"  # neither the mock's rule nor a tokenizer: four characters a token
+    assert asyncio.run(provider.inspect_model(plain).api.count_tokens(text)) == 9
+    own.close()
+    plain.close()
 
 
 def test_inspect_model_wraps_a_backend_the_caller_keeps(tmp_path: Path) -> None:

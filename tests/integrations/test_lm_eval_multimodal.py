@@ -7,6 +7,7 @@ The split of a context at its ``<image>`` placeholders is checked against lm-eva
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -106,6 +107,24 @@ def test_multimodal_requests_reach_an_image_capable_backend() -> None:
     digests = [image_digest(ab.image_part(image)["image_url"]["url"], 8) for image in images]
     positions = [text.find(digest) for digest in digests]
     assert -1 not in positions and positions == sorted(positions), text
+    lm.close()
+
+
+@pytest.mark.parametrize(
+    ("content", "images", "unused"),
+    [
+        ("no placeholder", 1, "1 image(s) but the context has 0"),
+        ("one <image> here", 2, "2 image(s) but the context has 1"),
+    ],
+)
+def test_images_left_without_a_placeholder_are_refused(content: str, images: int, unused: str) -> None:
+    # lm-eval's vllm-vlm sends every image; dropping one would answer a different question in silence.
+    lm = AsyncBackendsLM("mock", progress=False)
+    context = lm.apply_chat_template([{"role": "user", "content": content}])
+    request = Instance("generate_until", doc={}, arguments=(context, GEN, {"visual": _images(images)}), idx=0)
+    with pytest.raises(ab.InvalidRequestError, match=re.escape(f"passed {unused}")) as info:
+        lm.generate_until([request])
+    assert "would not be sent" in str(info.value)
     lm.close()
 
 

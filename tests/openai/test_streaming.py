@@ -107,9 +107,11 @@ async def test_streamed_results_equal_the_whole_answer(
     path = "/v1/chat/completions" if chat else "/v1/completions"
     async with aiohttp.ClientSession() as session, session.post(server.url + path, json=payload) as resp:
         whole = await resp.json()
-    completions, prompt_tokens, model = parse_completions(whole, chat=chat, logprobs=params.logprobs)
+    completions, prompt_tokens, generated, model = parse_completions(
+        whole, chat=chat, logprobs=params.logprobs
+    )
     assert result.completions == completions
-    assert (result.prompt_tokens, result.model) == (prompt_tokens, model)
+    assert (result.prompt_tokens, result.generated_tokens, result.model) == (prompt_tokens, generated, model)
     assert server.answers == {"streamed": 1, "whole": 1}
 
 

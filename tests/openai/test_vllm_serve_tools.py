@@ -103,6 +103,6 @@ def test_the_exchange_is_openais_wire_format(served: Served, backend: OpenAIBack
         raw = json.load(resp)
     message = ChatCompletion.model_validate(raw).choices[0].message
     sdk_calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
-    (completion,), _, _ = parse_completions(raw, chat=True, logprobs=False)
+    (completion,), *_ = parse_completions(raw, chat=True, logprobs=False)
     assert _calls(completion) == sdk_calls and completion.text == (message.content or "")
     assert bool(sdk_calls) == (case != "second_turn")

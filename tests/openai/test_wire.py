@@ -78,10 +78,13 @@ async def backend(stub: Stub) -> AsyncIterator[OpenAIBackend]:
 async def test_generic_server_gets_plain_openai_fields(stub: Stub, backend: OpenAIBackend) -> None:
     assert backend.server == "generic" and backend.model == "m1"
     assert not backend.capabilities.loglikelihood and not backend.capabilities.token_ids
-    stub.script.append((200, completion("hi", logprobs={"token_logprobs": [-0.5]}), {}))
+    stub.script.append((200, completion("hi", logprobs={"tokens": ["hi"], "token_logprobs": [-0.5]}), {}))
     params = ab.SamplingParams(max_tokens=1, logprobs=True, seed=3, stop=("x",), top_p=0.5, temperature=0.7)
     (result,) = await ab.gather(backend, [ab.GenerationRequest("hello", params)])
     assert result.text == "hi" and result.completions[0].logprobs == (-0.5,) and result.prompt_tokens == 3
+    # No token ids from a generic server: its token texts and its usage count are what it gives.
+    assert result.completions[0].token_texts == ("hi",)
+    assert result.completions[0].token_ids == () and result.completion_tokens == 1
     path, sent = stub.received[0]
     assert path == "/v1/completions"
     assert sent == {

@@ -229,4 +229,13 @@ def test_router_options_are_checked_without_a_router() -> None:
         Router.check_options("least_loaded", cooldwn=1)
     with pytest.raises(ab.InvalidRequestError, match="affinity_slack"):
         Router.check_options("affinity", affinity_slack=0.5)
-    assert isinstance(ab.pool([MockBackend()]), ab.PoolBackend)
+    # `ab.pool` runs the same check before it builds anything, and a good option reaches its router.
+    inner = MockBackend()
+    with pytest.raises(ab.InvalidRequestError, match=r"unknown router option\(s\) \['cooldwn'\]"):
+        ab.pool([inner], cooldwn=1)
+    assert not inner.closed
+    built = ab.pool([inner], cooldown=7.5)
+    try:
+        assert built.router.cooldown == 7.5
+    finally:
+        built.close()

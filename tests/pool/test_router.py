@@ -263,6 +263,27 @@ async def test_taken_in_waits_for_every_replica_and_the_first_refused_ends_the_w
 
 
 @pytest.mark.asyncio
+async def test_taken_in_counts_a_replica_taken_in_and_cooled_since() -> None:
+    # A grow whose first request on a new replica met a 503 before the grow looked: that replica cools down
+    # before the wait starts. It was taken in: the wait must end when the other one is, not time out (the
+    # Ray grow then removes every new replica).
+    router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=600.0)
+    slow, fast = Stub("b", ready=False), Stub("c")
+    both = [router.add(slow), router.add(fast)]
+    await until(lambda: both[1].state == "healthy" and slow.probes >= 2)
+    # Its first request is refused with a 10-minute Retry-After: no probe takes it back during this test.
+    router.fault(both[1], ab.RateLimitedError("overloaded", retry_after=600))
+    assert both[1].state == "cooling"
+    waiting = asyncio.ensure_future(router.taken_in(*both, timeout=60))
+    await until(lambda: slow.probes >= 4)
+    assert not waiting.done()  # the slow one is not taken in yet
+    slow.ready = True
+    await waiting  # returns: one joined and is cooling, the other taken in now
+    assert [s.state for s in router.stats()] == ["healthy", "healthy", "cooling"]
+    await router.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_gone() -> None:
     stubs = [Stub("a"), Stub("b")]
     for stub in stubs:

@@ -89,6 +89,7 @@ async def test_eos_finish_usage_and_logprobs(backend: ab.AsyncBackend) -> None:
         token_logprob("c", "</s>"),
     )
     assert completion.logprobs == pytest.approx(expected)
+    assert completion.token_texts == ("a", "b", "c", "</s>")
     assert result.prompt_tokens == len("abc") + 1  # x-prompt-tokens: BOS + one token per character
     assert result.model == FakeModel.model_id
 
@@ -138,6 +139,9 @@ async def test_chat_sampling_and_logprobs(server: FakeTGIServer, backend: ab.Asy
         body["temperature"] == 0.5 and body["top_p"] == 0.8 and body["seed"] == 3 and body["logprobs"] is True
     )
     assert result.completions[0].logprobs is not None and len(result.completions[0].logprobs) == 3
+    # The chat route names tokens by text and counts them only in its usage.
+    assert "".join(result.completions[0].token_texts) == result.text
+    assert result.completions[0].token_ids == () and result.completion_tokens == 3
 
 
 @pytest.mark.asyncio

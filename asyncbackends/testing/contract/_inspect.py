@@ -4,7 +4,10 @@ Finds state bound to the wrong event loop, secrets held (in `Secret` or not), an
 open after ``aclose()``.
 
 The walk follows instance attributes, slots and containers a few levels deep (an engine object graph can be
-huge) and never calls properties, so it cannot start anything or change the backend.
+huge) and never calls properties, so it cannot start anything or change the backend. It names an event loop
+it meets but does not walk into it: the loop is the process's (the shared one, or a foreign one reported as
+such), and asyncio's own loop holds its self-pipe sockets and every transport of every backend on it, which
+are not the backend's to close.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def walk(root: Any, max_depth: int = 3, max_objects: int = 20_000) -> Iterator[t
                 if count > max_objects:
                     return
                 yield path + suffix, child
-                following.append((path + suffix, child))
+                if not isinstance(child, asyncio.AbstractEventLoop):
+                    following.append((path + suffix, child))
         level = following
 
 

@@ -104,9 +104,12 @@ class ChatContract(ContractBase):
                     expect(bool(call.id), f"a tool call without an id: {call!r}")
                 if completion.finish_reason == "length":
                     continue  # cut by max_tokens: the arguments may be unfinished
+                # `Completion` turns "stop" (or none) into "tool_calls" itself: what fails here is an engine's
+                # or wire's own word passed through (OpenAI's legacy "function_call", an "eos_token").
                 expect(
                     completion.finish_reason == "tool_calls",
-                    f"finish_reason {completion.finish_reason!r} for a completion holding tool calls",
+                    f"finish_reason {completion.finish_reason!r} for a completion holding tool calls "
+                    "(expected 'tool_calls', or 'length' when cut by max_tokens)",
                 )
                 for call in calls:
                     try:
