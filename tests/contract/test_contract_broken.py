@@ -74,7 +74,7 @@ EXPECTED_FAILURES = {
         "backend._session (a broken_adapters._Session) is still open",
     ],
     ("TestRetryableAtClose", "test_aclose_ends_requests_in_flight"): [
-        "in-flight-0 raised asyncbackends.errors.BackendUnavailableError: connection closed",
+        "in-flight-0 raised asyncbackends.BackendUnavailableError: connection closed",
         "retryable=True: gather would retry it on a closed backend",
     ],
     ("TestQueued", "test_timeout_excludes_waiting_for_a_slot"): [

@@ -21,6 +21,10 @@ from asyncbackends.testing.fake_tgi import Limits
 from .conftest import MakeBackend, MakeServer, fast_retry
 
 SCALE = 1 / 200  # 20 minutes play in 6 s; the default idle (120 s) becomes 0.6 s
+# A loaded CI machine (a full GC of a long pytest process, a busy core) can pause this process for more than
+# 0.6 s, which a real 120 s idle limit never meets: the unretried run gives the idle 4x room, still well under
+# the 6 s the stream lasts, so only an idle limit that each token resets lets it finish.
+IDLE_ROOM = 4
 TOKEN_INTERVAL = 0.05  # a token every 50 ms, as a reasoning model streams
 TOKENS = int(20 * 60 / TOKEN_INTERVAL)  # 20 minutes' worth: 24,000 tokens
 LONG = Limits(max_input_tokens=TOKENS + 10, max_total_tokens=2 * TOKENS + 20)
@@ -43,7 +47,8 @@ async def test_a_20_minute_stream_finishes_under_the_default_timeouts_unretried(
     prompt = prompt_of(TOKENS)
     metrics = ab.RunMetrics()
     defaults = ab.Timeouts()
-    scaled = ab.Timeouts(total=defaults.total, idle=DEFAULT_IDLE * SCALE)
+    scaled = ab.Timeouts(total=defaults.total, idle=DEFAULT_IDLE * SCALE * IDLE_ROOM)
+    assert scaled.idle is not None and 20 * 60 * SCALE > 2 * scaled.idle
     started = time.monotonic()
     (result,) = await ab.gather(
         backend, [ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=TOKENS))], timeout=scaled,
