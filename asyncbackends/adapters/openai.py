@@ -308,9 +308,10 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             )
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         path = "/chat/completions" if chat else "/completions"
-        if request.tools:
+        if request.tools or idle_timeout() is None:
             # Tool calls are parsed by the server's tool parser, whose streamed form may differ from the
-            # whole answer's: sent whole, bounded by the total timeout alone.
+            # whole answer's: sent whole, bounded by the total timeout alone. Without an idle limit nothing
+            # needs the stream, and the whole answer is one body to read instead of a chunk a token.
             body = await self._post(path, payload, rid)
         else:
             body = await self._streamed(path, payload, rid, chat=chat)

@@ -40,7 +40,15 @@ IMPORTS = {
     "lm_eval": ("aiohttp",),
     "lighteval": ("huggingface_hub:AsyncInferenceClient",),
 }
-MAX_NEW_TOKENS = 16
+MAX_NEW_TOKENS = 16  # --max-new-tokens; the child's copy is set from its command line
+WARMUP = 0  # --warmup: requests each child sends, untimed, before its clock starts
+IDLE: float | None = None  # --idle: the asyncbackends contender's idle limit (None: a total of 30 s alone)
+_timed_from: list[tuple[float, float]] = []  # (wall, CPU) when the contender's clock started
+
+
+def clock_starts() -> None:
+    """Called by a contender once its warm-up requests are answered: its timed span starts here."""
+    _timed_from.append((time.perf_counter(), time.process_time()))
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -63,10 +71,15 @@ def run_asyncbackends(url: str, n: int, concurrency: int) -> int:
 
     backend = ab.create_backend("tgi", url=url, token=False, max_connections=concurrency)
     params = ab.SamplingParams(max_tokens=MAX_NEW_TOKENS)
+    # A plain 30 s is a total alone: nothing to stream for. With --idle the adapter streams its answers.
+    timeout = 30.0 if IDLE is None else ab.Timeouts(total=30.0, idle=IDLE)
+    options: dict[str, Any] = {"concurrency": concurrency, "retry": ab.RetryPolicy(), "timeout": timeout}
+    if WARMUP:
+        warm = [ab.GenerationRequest(payload(-1 - i)["inputs"], params) for i in range(WARMUP)]
+        ab.run_batch(backend, warm, **options)
+    clock_starts()
     requests = [ab.GenerationRequest(payload(i)["inputs"], params) for i in range(n)]
-    results = ab.run_batch(
-        backend, requests, concurrency=concurrency, retry=ab.RetryPolicy(), timeout=30.0, progress=True
-    )
+    results = ab.run_batch(backend, requests, progress=True, **options)
     backend.close()
     return sum(1 for r in results if r.text)
 
@@ -84,6 +97,8 @@ def run_bare(url: str, n: int, concurrency: int) -> int:
                     resp.raise_for_status()
                     return str(json.loads(await resp.read())["generated_text"])
 
+            await asyncio.gather(*(one(-1 - i) for i in range(WARMUP)))
+            clock_starts()
             texts = await asyncio.gather(*(one(i) for i in range(n)))
         return sum(1 for t in texts if t)
 
@@ -104,6 +119,8 @@ def run_hf_hub(url: str, n: int, concurrency: int) -> int:
                 )
                 return str(out.generated_text)
 
+        await asyncio.gather(*(one(-1 - i) for i in range(WARMUP)))
+        clock_starts()
         texts = await asyncio.gather(*(one(i) for i in range(n)))
         await client.close()
         return sum(1 for t in texts if t)
@@ -143,6 +160,8 @@ def run_lm_eval(url: str, n: int, concurrency: int) -> int:
                     out = await _retrying(call)
                 return str(out["generated_text"])
 
+            await asyncio.gather(*(one(-1 - i) for i in range(WARMUP)))
+            clock_starts()
             texts = await asyncio.gather(*(one(i) for i in range(n)))
         return sum(1 for t in texts if t)
 
@@ -162,6 +181,9 @@ def run_lighteval(url: str, n: int, concurrency: int) -> int:
         await client.close()
         return [str(o.generated_text) for o in outs]
 
+    for i in range(WARMUP):
+        asyncio.run(batch([payload(-1 - i)["inputs"]]))
+    clock_starts()
     done = 0
     for i in range(n):  # batch size 1: one asyncio.run per request, as lighteval's default does
         done += sum(1 for t in asyncio.run(batch([payload(i)["inputs"]])) if t)
@@ -185,22 +207,29 @@ def start_server(latency: float) -> tuple[subprocess.Popen[str], str]:
 
 def measure(name: str, url: str, n: int, concurrency: int) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", name, "--url", url, "--requests", str(n)]
-    cmd += ["--concurrency", str(concurrency)]
+    cmd += ["--concurrency", str(concurrency), "--max-new-tokens", str(MAX_NEW_TOKENS)]
+    cmd += ["--warmup", str(WARMUP)]
+    cmd += [] if IDLE is None else ["--idle", str(IDLE)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
+    global MAX_NEW_TOKENS, WARMUP, IDLE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--lighteval-requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed requests first, in each child")
+    parser.add_argument("--idle", type=float, help="asyncbackends' idle limit (its answers then streamed)")
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    MAX_NEW_TOKENS, WARMUP, IDLE = args.max_new_tokens, args.warmup, args.idle
 
     if args.child:
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -210,9 +239,10 @@ def main() -> None:
                 getattr(loaded, name)  # a lazily imported name is imported on first access
         imported, cpu_imported = time.perf_counter(), time.process_time()
         ok = globals()[f"run_{args.child}"](args.url, args.requests, args.concurrency)
+        timed_from, cpu_from = _timed_from[0] if _timed_from else (imported, cpu_imported)  # after warm-up
         out = {"name": args.child, "requests": args.requests, "ok": ok}
-        out |= {"seconds": time.perf_counter() - imported, "import_seconds": imported - start}
-        out |= {"cpu": time.process_time() - cpu_imported, "import_cpu": cpu_imported - cpu_start}
+        out |= {"seconds": time.perf_counter() - timed_from, "import_seconds": imported - start}
+        out |= {"cpu": time.process_time() - cpu_from, "import_cpu": cpu_imported - cpu_start}
         print(json.dumps(out))
         return
 
@@ -240,7 +270,8 @@ def main() -> None:
     ideal = args.concurrency / args.latency
     print(
         f"\n{args.requests} requests, concurrency {args.concurrency}, latency {args.latency * 1000:.0f} ms "
-        f"(ideal {ideal:.0f} req/s), median of {args.repeats} fresh processes each"
+        f"(ideal {ideal:.0f} req/s), {MAX_NEW_TOKENS} new tokens, warm-up {WARMUP}, asyncbackends' idle "
+        f"{IDLE}, median of {args.repeats} fresh processes each"
     )
     # Throughput over the requests alone (the client built and its requests sent), and over the whole child
     # with its imports; CPU: the client process's own seconds over the requests (all threads), the steadier

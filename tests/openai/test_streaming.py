@@ -132,3 +132,24 @@ async def test_context_length_exceeded_is_one_unretried_error_and_the_run_goes_o
     assert server.attempts["x" * 30] == 1 and metrics.retries == 0
     assert metrics.errors == {"ContextLengthError": 1} and metrics.context_length_errors == 1
     assert "too long for the model: 1" in metrics.format()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("chat", [False, True])
+async def test_without_an_idle_limit_the_answer_is_asked_whole_and_equals_the_streamed_one(
+    make: Make, chat: bool
+) -> None:
+    # Nothing needs the stream when no idle limit applies (a plain-number timeout is a total alone): the
+    # whole answer is one body to read instead of a chunk a token.
+    server, backend = await make()
+    prompt: Any = [{"role": "user", "content": "hello there"}] if chat else "hello there"
+    request = ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=8, logprobs=True))
+    (streamed,) = await ab.gather(backend, [request])
+    assert server.answers == {"streamed": 1}
+    (whole,) = await ab.gather(backend, [request], timeout=30)
+    assert server.answers == {"streamed": 1, "whole": 1}
+    assert whole.completions == streamed.completions
+    assert (whole.prompt_tokens, whole.generated_tokens) == (
+        streamed.prompt_tokens,
+        streamed.generated_tokens,
+    )

@@ -48,7 +48,7 @@ async def test_a_20_minute_stream_finishes_under_the_default_timeouts_unretried(
     metrics = ab.RunMetrics()
     defaults = ab.Timeouts()
     scaled = ab.Timeouts(total=defaults.total, idle=DEFAULT_IDLE * SCALE * IDLE_ROOM)
-    assert scaled.idle is not None and 20 * 60 * SCALE > 2 * scaled.idle
+    assert scaled.idle is not None and 2 * scaled.idle < 20 * 60 * SCALE
     started = time.monotonic()
     (result,) = await ab.gather(
         backend, [ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=TOKENS))], timeout=scaled,
@@ -163,3 +163,23 @@ async def test_aclose_ends_a_stream_being_read(make_server: MakeServer, make_bac
     await backend.aclose()
     with pytest.raises(ab.BackendClosedError):
         await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "params", [ab.SamplingParams(max_tokens=8), ab.SamplingParams(max_tokens=16, logprobs=True, seed=2)]
+)
+async def test_without_an_idle_limit_generate_is_asked_and_equals_the_stream(
+    make_server: MakeServer, make_backend: MakeBackend, params: ab.SamplingParams
+) -> None:
+    # Nothing needs the stream when no idle limit applies (a plain-number timeout is a total alone):
+    # /generate answers with one body instead of an event a token.
+    server = await make_server()
+    backend = await make_backend(server.url)
+    request = ab.GenerationRequest("hello world", params)
+    (streamed,) = await ab.gather(backend, [request])
+    assert (server.paths["/generate_stream"], server.paths["/generate"]) == (1, 0)
+    (whole,) = await ab.gather(backend, [request], timeout=ab.Timeouts(total=30, idle=None))
+    assert (server.paths["/generate_stream"], server.paths["/generate"]) == (1, 1)
+    assert whole.completions == streamed.completions and whole.prompt_tokens == streamed.prompt_tokens
+    assert whole.generated_tokens == streamed.generated_tokens
