@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends._routing.router import Replica, Router, is_replica_fault, sent_nothing
+from asyncbackends._routing.router import Replica, ReplicaSet, Router, is_replica_fault, sent_nothing
 
 
 class Stub:
@@ -70,6 +70,26 @@ def test_classification() -> None:
     assert not is_replica_fault(ab.RequestRejectedError("too long"))
     assert not is_replica_fault(ab.InvalidRequestError("bad"))
     assert not is_replica_fault(ab.BackendError("not retryable", retryable=False))
+
+
+@pytest.mark.asyncio
+async def test_the_router_holds_its_replicas_as_a_set_it_routes_over() -> None:
+    a, b = Stub("a"), Stub("b")
+    router = Router([a, Replica(b, label="b", capacity=4)], cooldown=5, probe_timeout=2, seed=0)
+    replicas = router.replicas
+    assert isinstance(replicas, ReplicaSet) and replicas.name == router.name
+    assert (replicas.cooldown, replicas.probe_timeout) == (5.0, 2.0)
+    assert len(replicas) == 2 and [r.label for r in replicas] == ["replica-0", "b"]
+    assert replicas[0].backend is a and [r.backend for r in replicas[1:]] == [b]
+    assert replicas[1] in replicas and Replica(b, label="b") not in replicas  # by identity, not by label
+    # A fault the set records is what the router's choice sees: the cooled replica takes nothing.
+    replicas.fault(replicas[1], ab.BackendUnavailableError("down"))
+    assert replicas.healthy() == [replicas[0]]
+    assert {router.choose(req(f"p{i}")) for i in range(20)} == {replicas[0]}
+    await router.aclose()
+    assert replicas.closed
+    with pytest.raises(ab.InvalidRequestError, match="closed"):
+        replicas.add(Stub("c"))
 
 
 def test_options_are_checked() -> None:
