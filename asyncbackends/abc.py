@@ -26,8 +26,9 @@ wrappers); this module holds what an extension author builds on:
   with `BatchLimits`, `BatchLine` and `BatchStatus`; `BatchRecord`, a batch in flight as the response cache
   keeps it for a restarted run.
 - **Routing**: `Router` (the one router over replicas of one model, which pools and Ray actors use),
-  its record of a replica (`Replica`, `ReplicaStats`) and the two rules that decide what a failed
-  attempt means (`is_replica_fault`, `sent_nothing`).
+  its replicas and their life (`ReplicaSet`, a router's ``replicas``), its record of a replica (`Replica`,
+  `ReplicaStats`) and the two rules that decide what a failed attempt means (`is_replica_fault`,
+  `sent_nothing`).
 - **Observers**: `RunObserver` and `RequestObserver`, the hooks a run calls, and `note_replica`, which a
   routing wrapper calls inside an attempt.
 
@@ -44,6 +45,7 @@ from ._observability.observe import RequestObserver, RunObserver, note_replica
 from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, SupportsRollingLoglikelihood
 from ._registry import check_options, required_options
 from ._routing.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
+from ._routing.replica_set import ReplicaSet
 from ._routing.router import Router
 from ._side_doors import (
     SupportsAdaptiveLimit,
@@ -62,6 +64,7 @@ __all__ = [
     "BatchRecord",
     "BatchStatus",
     "Replica",
+    "ReplicaSet",
     "ReplicaStats",
     "RequestObserver",
     "Router",

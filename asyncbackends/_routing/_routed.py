@@ -18,9 +18,10 @@ their replicas are built, read and lost; everything else is here, once:
   replica's answers, so one small server's refusals never cut what the others may take.
 - **Readiness**: `check_ready` returns while any replica is healthy, so a routed backend can itself be a
   replica (of a pool, say).
-- **Resizing**: a subclass that resizes (the ``ray`` backend's ``aresize``) adds replicas with `Router.add`
-  (routed to once their probe passes) and removes them with `Router.drain` (their in-flight attempts end
-  first); `replica_stats` shows a replica being removed as ``draining``.
+- **Resizing**: a subclass that resizes (the ``ray`` backend's ``aresize``) adds replicas with
+  `ReplicaSet.add` (routed to once their probe passes) and removes them with `ReplicaSet.drain` (their
+  in-flight attempts end first), on its router's ``replicas``; `replica_stats` shows a replica being
+  removed as ``draining``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class RoutedBackend(BaseBackend):
 
     def replica_stats(self) -> list[ReplicaStats]:
         """Each replica's figures: state, in flight, requests, failures, cool-downs (see `ReplicaStats`)."""
-        return self._router.stats()
+        return self._router.replicas.stats()
 
     def _adaptive_limit(
         self, settings: AdaptiveConcurrency, on_change: Callable[[int, ChangeReason], None] | None = None
@@ -100,7 +101,7 @@ class RoutedBackend(BaseBackend):
             settings: The run's adaptive settings, used for each replica's limit when they are turned on.
             on_change: Called with ``(new_sum, reason)`` each time the sum moves.
         """
-        return PoolLimit(self._router.limit_replicas(settings), on_change)
+        return PoolLimit(self._router.replicas.limit_replicas(settings), on_change)
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -180,7 +181,7 @@ class RoutedBackend(BaseBackend):
             BackendUnavailableError: No replica is healthy now.
         """
         self._check_open()
-        if not self._router.healthy():
+        if not self._router.replicas.healthy():
             raise BackendUnavailableError(f"no healthy replica in the {self.name} backend", backend=self.name)
 
     # -- lifetime ------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ A replica is ``healthy`` (takes attempts), ``cooling`` (cooled down after a faul
 background until it is taken in), ``draining`` (takes no new attempt; removed once its in-flight ones
 ended) or ``refused`` (out of service for good). ``removed`` is reported once a drained replica is gone.
 `is_replica_fault` decides whether an error cools the replica down; `sent_nothing` whether a failed attempt
-may go to another replica at once; `for_retry` the error a fault is raised as. The router
-(`asyncbackends._routing.router`, its base `asyncbackends._routing.replica_set`) drives the state changes.
+may go to another replica at once; `for_retry` the error a fault is raised as. A router's replica set
+(`asyncbackends._routing.replica_set`) drives the state changes, its router (`asyncbackends._routing.router`)
+the in-flight counts.
 """
 
 from __future__ import annotations

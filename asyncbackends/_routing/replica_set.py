@@ -1,18 +1,24 @@
 """`ReplicaSet`: the replicas a router routes over, and each one's life: joined, cooled, probed, drained.
 
-The base of `Router` (`asyncbackends._routing.router`), which adds the routing of attempts. What lives here:
+A `Router` (`asyncbackends._routing.router`) holds one as its ``replicas`` and chooses among them; what
+happens to a replica between attempts lives here:
 
-- **Health**: `fault` cools a replica down and starts its background probe (``check_ready``, then the
-  owner's ``verify``); a probe that passes takes it back; `refuse` takes it out for good.
-- **Joining**: `add` takes a new replica in while runs go. It joins ``cooling`` (``last_error`` says
-  ``joining``) and gets its first probe at once: it is routed to once that probe passes, never before, so a
-  replica still starting takes no attempt. Labels are unique over the set's whole life: a label once used
-  (even by a replica removed since) is refused.
-- **Draining**: `drain` takes a replica out of routing (state ``draining``: no new attempt goes to it, no
-  probe takes it back) and returns once its in-flight attempts have ended, answered, then removes it. Its
-  requests are neither cut nor resent: the caller (the ``ray`` backend's ``resize``) stops it afterwards.
-- **Wake-ups**: one future that attempts waiting for a replica (or for room, or a drain) wait on, set by
-  each change that may let them go on.
+- **Membership**: the set reads as a sequence of `Replica` (``router.replicas[0]``, ``for r in
+  router.replicas``), in the order they joined.
+- **Health**: `ReplicaSet.fault` cools a replica down and starts its background probe (``check_ready``, then
+  the owner's ``verify``); a probe that passes takes it back; `ReplicaSet.refuse` takes it out for good.
+- **Joining**: `ReplicaSet.add` takes a new replica in while runs go. It joins ``cooling`` (``last_error``
+  says ``joining``) and gets its first probe at once: it is routed to once that probe passes, never before,
+  so a replica still starting takes no attempt; `ReplicaSet.taken_in` waits for that. Labels are unique over
+  the set's whole life: a label once used (even by a replica removed since) is refused.
+- **Draining**: `ReplicaSet.drain` takes a replica out of routing (state ``draining``: no new attempt goes
+  to it, no probe takes it back) and returns once its in-flight attempts have ended, answered, then removes
+  it. Its requests are neither cut nor resent: the caller (the ``ray`` backend's ``resize``) stops it
+  afterwards.
+- **Per-replica limits**: `ReplicaSet.limit_replicas` gives each replica its own adaptive limit
+  (`asyncbackends._routing.replica_limits`), a replica added later included.
+- **Wake-ups**: one future that attempts waiting for a replica (or for room, or a drain) wait on
+  (`ReplicaSet.wait_for_change`), set by each change that may let them go on.
 
 Everything loop-bound (probe tasks, the wake-up future) is created lazily on the loop that uses it: the
 shared loop, where `RoutedBackend` moves every call.
@@ -24,9 +30,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, overload
 
+from .._adaptive import AdaptiveConcurrency
 from .._observability.telemetry import record_replica_state
 from .._types import GenerationRequest, SamplingParams
 from ..errors import BackendUnavailableError, InvalidRequestError
@@ -35,24 +42,91 @@ from .replica_limits import ReplicaLimits
 
 __all__ = ["ReplicaSet"]
 
+# The router's logger: a user's log settings for routing cover the replicas' joins, faults and drains too.
 log = logging.getLogger("asyncbackends._routing.router")
 
 _PROBE_REQUEST = GenerationRequest("Hello", SamplingParams(max_tokens=1), request_id="asyncbackends-probe")
 
 
-class ReplicaSet:
-    """The replicas of a router and their state changes; `Router` sets the attributes below."""
+class ReplicaSet(Sequence[Replica]):
+    """The replicas of one router and their state changes; see the module docstring.
 
-    replicas: list[Replica]
-    name: str
-    cooldown: float
-    max_cooldown: float
-    probe_timeout: float
-    verify: Callable[[Replica], Awaitable[None]] | None
-    limits: ReplicaLimits | None
-    _labels: set[str]
-    _taken_back: asyncio.Future[None] | None
-    _closed: bool
+    `Router` builds one from its options, after checking them (`Router.check_options`).
+
+    Args:
+        replicas: The replica objects, or `Replica` wrappers (for labels and capacities).
+        name: The name its replicas' state is reported under (the router's `Router.name`).
+        cooldown: Seconds of the first cool-down of a fault streak.
+        max_cooldown: Longest cool-down, ``Retry-After`` included.
+        probe_timeout: Seconds one probe (readiness check plus ``verify``) may take.
+        verify: Called by each probe after the readiness check, before a replica is taken back: raising
+            `InvalidRequestError` refuses the replica for good, any other exception counts as a failed probe.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Any],
+        *,
+        name: str,
+        cooldown: float = 1.0,
+        max_cooldown: float = 60.0,
+        probe_timeout: float = 10.0,
+        verify: Callable[[Replica], Awaitable[None]] | None = None,
+    ) -> None:
+        self._replicas = [
+            r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
+        ]
+        self._labels = {r.label for r in self._replicas}
+        self.name = name
+        self.cooldown, self.max_cooldown = float(cooldown), float(max_cooldown)
+        self.probe_timeout = float(probe_timeout)
+        self.verify = verify
+        self.limits: ReplicaLimits | None = None
+        self._taken_back: asyncio.Future[None] | None = None
+        self._closed = False
+        for replica in self._replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
+            record_replica_state(self.name, replica.label, replica.state)
+
+    # -- the sequence ---------------------------------------------------------------------------------
+
+    @overload
+    def __getitem__(self, index: int) -> Replica: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Replica]: ...
+
+    def __getitem__(self, index: int | slice) -> Replica | list[Replica]:
+        return self._replicas[index]
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(self._replicas)
+
+    def __contains__(self, replica: object) -> bool:
+        return replica in self._replicas
+
+    def __repr__(self) -> str:
+        return f"ReplicaSet({self.name!r}, {self._replicas!r})"
+
+    @property
+    def closed(self) -> bool:
+        """Whether `aclose` was called: no probe runs, no replica joins, waits end."""
+        return self._closed
+
+    def healthy(self) -> list[Replica]:
+        """The replicas that take attempts now."""
+        return [r for r in self._replicas if r.state == HEALTHY]
+
+    def limit_replicas(self, settings: AdaptiveConcurrency) -> ReplicaLimits:
+        """Give every replica its own adaptive limit with ``settings``; the limits it has already, if any.
+
+        Once on, the limits stay: what they learned is each server's capacity, which the next run needs too.
+        """
+        if self.limits is None:
+            self.limits = ReplicaLimits(settings, self, self.name, self.wake)
+        return self.limits
 
     # -- membership ----------------------------------------------------------------------------------
 
@@ -87,7 +161,7 @@ class ReplicaSet:
         replica._taken_in = False
         replica.last_error = "joining: waiting for its first probe"
         replica.cooled_until = 0.0
-        self.replicas.append(replica)
+        self._replicas.append(replica)
         record_replica_state(self.name, replica.label, COOLING)
         if self.limits is not None:
             self.limits.add(replica)
@@ -125,7 +199,7 @@ class ReplicaSet:
                 raise BackendUnavailableError(
                     f"replica {first.label} was not taken in within {timeout:g} s ({first.last_error})"
                 )
-            await self._changed(left)
+            await self.wait_for_change(left)
 
     async def drain(self, replica: Replica) -> None:
         """Route nothing more to ``replica``, wait for its in-flight attempts to end, then remove it.
@@ -136,7 +210,7 @@ class ReplicaSet:
         Raises:
             InvalidRequestError: ``replica`` is not one of this router's.
         """
-        if replica not in self.replicas:
+        if replica not in self._replicas:
             raise InvalidRequestError(f"replica {replica.label} is not in {self.name}")
         if replica.state != DRAINING:
             record_replica_state(self.name, replica.label, DRAINING, replica.state)
@@ -145,17 +219,17 @@ class ReplicaSet:
             if replica._probe is not None and not replica._probe.done():
                 replica._probe.cancel()  # a draining replica is never taken back
         while replica.in_flight and not self._closed:
-            await self._changed(None)
-        if replica in self.replicas:
-            self.replicas.remove(replica)
+            await self.wait_for_change(None)
+        if replica in self._replicas:
+            self._replicas.remove(replica)
             record_replica_state(self.name, replica.label, REMOVED, DRAINING)
             log.info("replica %s drained and removed from %s", replica.label, self.name)
-        self._wake()
+        self.wake()
 
     def attempt_ended(self, replica: Replica) -> None:
         """Called by the router as each attempt on ``replica`` ends: a drain waits for the last one."""
         if replica.state == DRAINING and not replica.in_flight:
-            self._wake()
+            self.wake()
 
     # -- health --------------------------------------------------------------------------------------
 
@@ -186,7 +260,7 @@ class ReplicaSet:
             record_replica_state(self.name, replica.label, REFUSED, replica.state)
             replica.state = REFUSED
         log.warning("replica %s refused: %s", replica.label, reason)
-        self._wake()
+        self.wake()
 
     def _start_probe(self, replica: Replica) -> None:
         if replica._probe is None or replica._probe.done():
@@ -215,7 +289,7 @@ class ReplicaSet:
             record_replica_state(self.name, replica.label, HEALTHY, COOLING)
             replica._epoch += 1
             log.info("replica %s taken back", replica.label)
-            self._wake()
+            self.wake()
             return
 
     async def _check(self, replica: Replica) -> None:
@@ -229,13 +303,14 @@ class ReplicaSet:
 
     # -- wake-ups ------------------------------------------------------------------------------------
 
-    async def _changed(self, timeout: float | None) -> None:
+    async def wait_for_change(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` seconds for a replica taken back, refused or drained, or a slot freed."""
         if self._taken_back is None or self._taken_back.done():
             self._taken_back = asyncio.get_running_loop().create_future()
         await asyncio.wait([self._taken_back], timeout=timeout)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Let every attempt waiting in `wait_for_change` look again."""
         if self._taken_back is not None and not self._taken_back.done():
             self._taken_back.set_result(None)
 
@@ -243,15 +318,15 @@ class ReplicaSet:
 
     def stats(self) -> list[ReplicaStats]:
         """Every replica's figures, in replica order (a draining one until it is removed)."""
-        return [r.stats() for r in self.replicas]
+        return [r.stats() for r in self._replicas]
 
     async def aclose(self) -> None:
         """Stop the background probes (idempotent). The replicas themselves are the owner's to close."""
         self._closed = True
-        probes = [r._probe for r in self.replicas if r._probe is not None and not r._probe.done()]
+        probes = [r._probe for r in self._replicas if r._probe is not None and not r._probe.done()]
         for task in probes:
             task.cancel()
         for task in probes:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._wake()
+        self.wake()

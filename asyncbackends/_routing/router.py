@@ -26,10 +26,10 @@ What the router does with one attempt (`Router.call`):
   the next healthy replica inside the same attempt; any other replica fault is raised retryable while
   another replica is healthy, so `gather`'s retry goes elsewhere. With no healthy replica, an attempt waits
   up to ``wait`` seconds for one to be taken back before failing with `BackendUnavailableError`.
-- **Per-replica limits** (``replica_concurrency``, or `limit_replicas` for an adaptive run): each replica's
-  own adaptive limit (`asyncbackends._routing.replica_limits`); an attempt goes only to a replica with room
-  under it, else waits (untimed) for the first free slot. A 429 cuts that limit instead of cooling the
-  replica down, and the attempt goes at once to another replica with room, if one has.
+- **Per-replica limits** (``replica_concurrency``, or `ReplicaSet.limit_replicas` for an adaptive run):
+  each replica's own adaptive limit (`asyncbackends._routing.replica_limits`); an attempt goes only to a
+  replica with room under it, else waits (untimed) for the first free slot. A 429 cuts that limit instead
+  of cooling the replica down, and the attempt goes at once to another replica with room, if one has.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
   replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
   its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
@@ -40,21 +40,23 @@ the shared loop, where `RoutedBackend` (`asyncbackends._routing._routed`) moves 
 stops the probes and ends attempts waiting for a replica; closing the replicas is the owner's job. Each router
 reports its replicas' state under its own `Router.name`.
 
-- **Resizing**: `Router.add` takes a replica in while runs go (routed to once its first probe passes);
-  `Router.drain` routes nothing more to one and returns once its in-flight attempts ended, then removes it
-  (`asyncbackends._routing.replica_set`, with the health changes and probes).
+A router is two parts: ``router.replicas``, its `ReplicaSet` (`asyncbackends._routing.replica_set`: the
+replicas and their life, joined, cooled, probed, drained, with the health rules above), and the router itself,
+which chooses one of them for each attempt and sends it.
+
+- **Resizing**: ``router.replicas.add`` takes a replica in while runs go (routed to once its first probe
+  passes); ``router.replicas.drain`` routes nothing more to one and returns once its in-flight attempts
+  ended, then removes it.
 
 A replica's state, figures and fault rules live in `asyncbackends._routing.replica`, the two ways of
-choosing one in `asyncbackends._routing.choice`, its life (joined, cooled, probed, drained) in
-`asyncbackends._routing.replica_set`; this module ties them into the policy above (their public names are
-importable from here as well).
+choosing one in `asyncbackends._routing.choice`; this module ties them into the policy above (their public
+names are importable from here as well).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -62,7 +64,6 @@ from typing import Any
 from .._adaptive import AdaptiveConcurrency
 from .._clock import attempt_timed_out, waiting_for_slot
 from .._observability.observe import note_replica
-from .._observability.telemetry import record_replica_state
 from .._types import Request, Result
 from ..errors import (
     BackendClosedError,
@@ -80,20 +81,20 @@ from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
 from .replica import is_replica_fault as is_replica_fault
 from .replica import sent_nothing as sent_nothing
-from .replica_limits import ReplicaLimits
-from .replica_set import ReplicaSet
+from .replica_set import ReplicaSet as ReplicaSet
 from .router_options import DEFAULTS, check, replica_adaptive_settings
 from .router_options import OPTIONS as OPTIONS
 
 __all__ = ["Router"]
 
-log = logging.getLogger(__name__)
-
 _ids = itertools.count(1)
 
 
-class Router(ReplicaSet):
+class Router:
     """Routes attempts over replicas of one model; see the module docstring for the policy.
+
+    Its replicas, their health and their life are ``replicas`` (a `ReplicaSet`); the router chooses one of
+    them for each attempt (`choose`) and sends it (`call`).
 
     Args:
         replicas: The replica objects, or `Replica` wrappers (for labels and capacities).
@@ -138,35 +139,23 @@ class Router(ReplicaSet):
             raise InvalidRequestError("a router needs at least one replica")
         tuning = (cooldown, max_cooldown, wait, probe_timeout, affinity_chars, affinity_slack, seed)
         check(routing, *tuning, replica_concurrency)
-        self.replicas = [
-            r if isinstance(r, Replica) else Replica(r, label=f"replica-{i}") for i, r in enumerate(replicas)
-        ]
-        self._labels = {r.label for r in self.replicas}
-        self.routing = routing
-        self.cooldown, self.max_cooldown, self.wait = float(cooldown), float(max_cooldown), float(wait)
-        self.probe_timeout = float(probe_timeout)
-        self.verify = verify
-        self.affinity_chars, self.affinity_slack = affinity_chars, float(affinity_slack)
-        self._rng = random.Random(seed)
-        self._taken_back: asyncio.Future[None] | None = None
-        self._closed = False
         # Each router reports its replicas under its own name: two pools never overwrite each other's gauge.
         self.name = f"{name}-{next(_ids)}"
-        for replica in self.replicas:  # the asyncbackends.replica.state gauge, where OpenTelemetry is set up
-            record_replica_state(self.name, replica.label, replica.state)
-        self.limits: ReplicaLimits | None = None
+        self.replicas = ReplicaSet(
+            replicas,
+            name=self.name,
+            cooldown=cooldown,
+            max_cooldown=max_cooldown,
+            probe_timeout=probe_timeout,
+            verify=verify,
+        )
+        self.routing = routing
+        self.wait = float(wait)
+        self.affinity_chars, self.affinity_slack = affinity_chars, float(affinity_slack)
+        self._rng = random.Random(seed)
         settings = replica_adaptive_settings(replica_concurrency)
         if settings is not None:
-            self.limit_replicas(settings)
-
-    def limit_replicas(self, settings: AdaptiveConcurrency) -> ReplicaLimits:
-        """Give every replica its own adaptive limit with ``settings``; the limits it has already, if any.
-
-        Once on, the limits stay: what they learned is each server's capacity, which the next run needs too.
-        """
-        if self.limits is None:
-            self.limits = ReplicaLimits(settings, self.replicas, self.name, self._wake)
-        return self.limits
+            self.replicas.limit_replicas(settings)
 
     @classmethod
     def check_options(cls, routing: str = "least_loaded", **options: Any) -> None:
@@ -187,15 +176,12 @@ class Router(ReplicaSet):
 
     # -- routing -------------------------------------------------------------------------------------
 
-    def healthy(self) -> list[Replica]:
-        """The replicas that take attempts now."""
-        return [r for r in self.replicas if r.state == HEALTHY]
-
     def choose(self, request: Request, exclude: Sequence[Replica] = ()) -> Replica | None:
         """The replica the next attempt of ``request`` goes to; ``None`` when none is healthy (with room)."""
         candidates = [r for r in self.replicas if r.state == HEALTHY and r not in exclude]
-        if self.limits is not None:
-            candidates = [r for r in candidates if self.limits.has_room(r)]
+        limits = self.replicas.limits
+        if limits is not None:
+            candidates = [r for r in candidates if limits.has_room(r)]
         if not candidates:
             return None
         if len(candidates) == 1:
@@ -227,7 +213,7 @@ class Router(ReplicaSet):
                 replica = await self._wait_for_replica(request, tried)
             tried.append(replica)
             note_replica(replica.label)  # the run's observers say which replica served the attempt
-            limits = self.limits
+            limits = self.replicas.limits
             ticket = limits.take(replica) if limits is not None else None
             outcome: BaseException | None = None  # what the replica's own limit learns from
             replica.in_flight += 1
@@ -242,7 +228,7 @@ class Router(ReplicaSet):
                     # fault, else it looks idle once the cancel drops its in-flight count and gets the retry.
                     replica.failures += 1
                     outcome = BackendTimeoutError("an attempt timed out on it")
-                    self.fault(replica, outcome)
+                    self.replicas.fault(replica, outcome)
                 raise
             except Exception as exc:
                 outcome = exc
@@ -254,7 +240,7 @@ class Router(ReplicaSet):
                     if self.choose(request, tried) is not None:
                         continue  # refused at its limit: another replica with room, same attempt
                     raise
-                self.fault(replica, exc)
+                self.replicas.fault(replica, exc)
                 if sent_nothing(exc) and any(r.state == HEALTHY for r in self.replicas if r not in tried):
                     continue  # refused before anything was sent: the next replica, same attempt
                 others = any(r.state not in (REFUSED, DRAINING) for r in self.replicas if r is not replica)
@@ -266,7 +252,7 @@ class Router(ReplicaSet):
                 replica.in_flight -= 1
                 if ticket is not None and limits is not None:
                     limits.give(replica, ticket, outcome)
-                self.attempt_ended(replica)
+                self.replicas.attempt_ended(replica)
             replica.successes += 1
             if replica._epoch == epoch and replica.state == HEALTHY:
                 replica._streak = 0
@@ -279,7 +265,7 @@ class Router(ReplicaSet):
             replica = self.choose(request, tried) or (self.choose(request) if tried else None)
             if replica is not None:
                 return replica
-            if self._closed:
+            if self.replicas.closed:
                 raise BackendClosedError(
                     "the router was closed while this attempt waited for a healthy replica",
                     request_id=request.request_id,
@@ -289,12 +275,13 @@ class Router(ReplicaSet):
                     "every replica was refused: "
                     + "; ".join(f"{r.label}: {r.last_error}" for r in self.replicas)
                 )
-            room_wait = self.limits.room_wait() if self.limits is not None else None
+            limits = self.replicas.limits
+            room_wait = limits.room_wait() if limits is not None else None
             if room_wait is not None:
                 # Healthy replicas, each at its own limit: wait for the first free slot (or the end of a
                 # Retry-After pause), untimed like any wait for a slot, then look again.
                 async with waiting_for_slot():
-                    await self._changed(None if room_wait == float("inf") else room_wait)
+                    await self.replicas.wait_for_change(None if room_wait == float("inf") else room_wait)
                 deadline = loop.time() + self.wait
                 continue
             left = deadline - loop.time()
@@ -304,4 +291,11 @@ class Router(ReplicaSet):
                     f"no healthy replica among {len(self.replicas)} after waiting {self.wait:g} s ({errors})",
                     request_id=request.request_id,
                 )
-            await self._changed(left)
+            await self.replicas.wait_for_change(left)
+
+    async def aclose(self) -> None:
+        """Stop the replicas' probes and end attempts waiting for one (idempotent).
+
+        The replicas themselves are the owner's to close.
+        """
+        await self.replicas.aclose()

@@ -252,7 +252,7 @@ class PoolBackend(RoutedBackend):
 
     async def _read_models(self) -> None:
         replicas = self._router.replicas
-        timeout = self._router.probe_timeout
+        timeout = replicas.probe_timeout
         outcomes = await asyncio.gather(
             *(asyncio.wait_for(replica_model(r.backend), timeout) for r in replicas), return_exceptions=True
         )
@@ -261,7 +261,7 @@ class PoolBackend(RoutedBackend):
             if isinstance(outcome, str):
                 models.setdefault(outcome, []).append(replica.label)
             elif isinstance(outcome, Exception):
-                self._router.fault(replica, outcome)
+                replicas.fault(replica, outcome)
             else:
                 raise outcome
         if len(models) > 1:

@@ -269,13 +269,13 @@ class RayBackend(RoutedBackend):
         else:
             slot.drop()
             self._events["dropped"] += 1
-            self._router.refuse(self._replica(slot), "lost; dropped (on_replica_loss='drop')")
+            self._router.replicas.refuse(self._replica(slot), "lost; dropped (on_replica_loss='drop')")
 
     def _restarted(self, slot: ActorSlot, error: BaseException | None) -> None:
         if error is not None:
             self._events["dropped"] += 1
             log.error("ray: replica %d could not be restarted (%s); dropped", slot.index, error)
-            self._router.refuse(self._replica(slot), f"lost; restart failed: {error}")
+            self._router.replicas.refuse(self._replica(slot), f"lost; restart failed: {error}")
             return
         self._events["restarted"] += 1
         log.warning(
@@ -358,12 +358,13 @@ class RayBackend(RoutedBackend):
         for (index, group, bundle), one in zip(places, started, strict=True):
             slot = ActorSlot(index, one, spawn=self._spawn, group=group, bundle=bundle, on_lost=self._lost)
             self._slots.append(slot)
-            replica = self._router.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity))
+            replica = self._router.replicas.add(Replica(slot, label=f"ray-{index}", capacity=self._capacity))
             added.append((slot, replica))
             log.info("ray: replica %d added on node %s", index, slot.info.get("node_id"))
         try:
             # A new replica whose probes keep failing would hold the resize forever: one probe window.
-            await self._router.taken_in(*(r for _, r in added), timeout=self._router.probe_timeout)
+            replicas = self._router.replicas
+            await replicas.taken_in(*(r for _, r in added), timeout=replicas.probe_timeout)
         except BaseException as failed:
             self._check_open()  # closed meanwhile: the close stops every actor, the new ones included
             # Nothing is added: every new replica goes, one taken in meanwhile once its attempts are answered.
@@ -386,7 +387,7 @@ class RayBackend(RoutedBackend):
         slot.draining = True
         replica = next((r for r in self._router.replicas if r.backend is slot), None)
         if replica is not None:
-            await self._router.drain(replica)
+            await self._router.replicas.drain(replica)
         await slot.aclose()
         self._slots.remove(slot)
         self._events["resent"] += slot.unanswered  # still counted once the slot is gone

@@ -66,7 +66,7 @@ def test_create_takes_the_router_options_the_pool_takes() -> None:
     backend = ab.create_backend("pool", replicas=replicas, routing="affinity", seed=0, cooldown=7, wait=0.5)
     try:
         assert isinstance(backend, PoolBackend) and backend.routing == "affinity"
-        assert backend.router.cooldown == 7 and backend.router.wait == 0.5
+        assert backend.router.replicas.cooldown == 7 and backend.router.wait == 0.5
     finally:
         backend.close()
 

@@ -86,7 +86,7 @@ def probes_of(backend: Any) -> list[asyncio.Task[Any]]:
             coro: Any = task.get_coro()
             frame = getattr(coro, "cr_frame", None)
             replica = frame.f_locals.get("replica") if frame is not None else None
-            if coro.__qualname__ == "Router._probe" and getattr(replica, "backend", None) is backend:
+            if coro.__qualname__ == "ReplicaSet._probe" and getattr(replica, "backend", None) is backend:
                 found.append(task)
         return found
 
@@ -185,7 +185,11 @@ def test_aclose_releases_attempts_waiting_for_a_healthy_replica() -> None:
         with pytest.raises(ab.BackendUnavailableError):
             await pool.generate(ab.GenerationRequest("x"))
         waiting = asyncio.ensure_future(pool.generate(ab.GenerationRequest("y")))
-        await until(lambda: pool.router._taken_back is not None and not pool.router._taken_back.done())
+        await until(
+            lambda: (
+                pool.router.replicas._taken_back is not None and not pool.router.replicas._taken_back.done()
+            )
+        )
         started = time.monotonic()
         await pool.aclose()
         with pytest.raises(ab.BackendClosedError):
@@ -236,6 +240,6 @@ def test_router_options_are_checked_without_a_router() -> None:
     assert not inner.closed
     built = ab.pool([inner], cooldown=7.5)
     try:
-        assert built.router.cooldown == 7.5
+        assert built.router.replicas.cooldown == 7.5
     finally:
         built.close()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends._routing.router import Replica, Router, is_replica_fault, sent_nothing
+from asyncbackends._routing.router import Replica, ReplicaSet, Router, is_replica_fault, sent_nothing
 
 
 class Stub:
@@ -72,6 +72,26 @@ def test_classification() -> None:
     assert not is_replica_fault(ab.BackendError("not retryable", retryable=False))
 
 
+@pytest.mark.asyncio
+async def test_the_router_holds_its_replicas_as_a_set_it_routes_over() -> None:
+    a, b = Stub("a"), Stub("b")
+    router = Router([a, Replica(b, label="b", capacity=4)], cooldown=5, probe_timeout=2, seed=0)
+    replicas = router.replicas
+    assert isinstance(replicas, ReplicaSet) and replicas.name == router.name
+    assert (replicas.cooldown, replicas.probe_timeout) == (5.0, 2.0)
+    assert len(replicas) == 2 and [r.label for r in replicas] == ["replica-0", "b"]
+    assert replicas[0].backend is a and [r.backend for r in replicas[1:]] == [b]
+    assert replicas[1] in replicas and Replica(b, label="b") not in replicas  # by identity, not by label
+    # A fault the set records is what the router's choice sees: the cooled replica takes nothing.
+    replicas.fault(replicas[1], ab.BackendUnavailableError("down"))
+    assert replicas.healthy() == [replicas[0]]
+    assert {router.choose(req(f"p{i}")) for i in range(20)} == {replicas[0]}
+    await router.aclose()
+    assert replicas.closed
+    with pytest.raises(ab.InvalidRequestError, match="closed"):
+        replicas.add(Stub("c"))
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(ab.InvalidRequestError, match="routing"):
         Router([Stub("a")], routing="round_robin")
@@ -132,7 +152,7 @@ async def test_retry_after_is_honoured() -> None:
     router = Router([Stub("a"), Stub("b")], cooldown=0.01)
     replica = router.replicas[0]
     before = time.monotonic()
-    router.fault(replica, ab.RateLimitedError("slow down", retry_after=5.0))
+    router.replicas.fault(replica, ab.RateLimitedError("slow down", retry_after=5.0))
     assert replica.cooled_until >= before + 5.0
     await router.aclose()
 
@@ -200,9 +220,9 @@ async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() ->
     running = [asyncio.ensure_future(router.call("generate", req(rid=f"r{i}"))) for i in range(3)]
     await until(lambda: first.calls == 3)
     late = Stub("b", ready=False)
-    added = router.add(late)
+    added = router.replicas.add(late)
     assert added.label == "replica-1"  # unique: one past the labels used
-    assert [(s.label, s.state) for s in router.stats()] == [
+    assert [(s.label, s.state) for s in router.replicas.stats()] == [
         ("replica-0", "healthy"),
         ("replica-1", "cooling"),
     ]
@@ -212,7 +232,7 @@ async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() ->
     await until(lambda: first.calls == 5)
     assert late.calls == 0 and added.state == "cooling"
     late.ready = True
-    await router.taken_in(added)
+    await router.replicas.taken_in(added)
     assert added.state == "healthy"
     # "a" holds five attempts: the next ones go to the replica taken in (least loaded).
     answers = [await router.call("generate", req(rid=f"n{i}")) for i in range(3)]
@@ -220,7 +240,7 @@ async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() ->
     first.gate.set()
     assert [r.text for r in await asyncio.gather(*running)] == ["a"] * 5  # type: ignore[union-attr]
     with pytest.raises(ab.InvalidRequestError, match="used already"):
-        router.add(Stub("c"), label="replica-0")
+        router.replicas.add(Stub("c"), label="replica-0")
     await router.aclose()
 
 
@@ -228,15 +248,17 @@ async def test_a_replica_added_mid_run_takes_requests_once_its_probe_passes() ->
 async def test_taken_in_with_a_timeout_gives_up_on_a_replica_never_ready_and_leaves_it_joining() -> None:
     router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=0.01)
     late = Stub("b", ready=False)
-    added = router.add(late)
+    added = router.replicas.add(late)
     with pytest.raises(
         ab.BackendUnavailableError, match=r"replica-1 was not taken in within 0.3 s.*not ready"
     ):
-        await router.taken_in(added, timeout=0.3)
+        await router.replicas.taken_in(added, timeout=0.3)
     assert late.probes >= 1 and added.state == "cooling"  # still in the set, still probed
-    assert [s.label for s in router.stats()] == ["replica-0", "replica-1"]
+    assert [s.label for s in router.replicas.stats()] == ["replica-0", "replica-1"]
     late.ready = True
-    await router.taken_in(added, timeout=60)  # the caller may wait again: taken in once a probe passes
+    await router.replicas.taken_in(
+        added, timeout=60
+    )  # the caller may wait again: taken in once a probe passes
     assert added.state == "healthy"
     await router.aclose()
 
@@ -245,17 +267,19 @@ async def test_taken_in_with_a_timeout_gives_up_on_a_replica_never_ready_and_lea
 async def test_taken_in_waits_for_every_replica_and_the_first_refused_ends_the_wait() -> None:
     router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=0.01)
     slow, fast = Stub("b", ready=False), Stub("c")
-    both = [router.add(slow), router.add(fast)]
-    waiting = asyncio.ensure_future(router.taken_in(*both))  # no timeout: only a state change ends it
+    both = [router.replicas.add(slow), router.replicas.add(fast)]
+    waiting = asyncio.ensure_future(
+        router.replicas.taken_in(*both)
+    )  # no timeout: only a state change ends it
     await until(lambda: both[1].state == "healthy" and slow.probes >= 2)
     assert not waiting.done()  # one taken in, one still joining
     slow.ready = True
     await waiting
     never, refused = Stub("d", ready=False), Stub("e", ready=False)
-    joining = [router.add(never), router.add(refused)]
-    waiting = asyncio.ensure_future(router.taken_in(*joining))
+    joining = [router.replicas.add(never), router.replicas.add(refused)]
+    waiting = asyncio.ensure_future(router.replicas.taken_in(*joining))
     await until(lambda: never.probes >= 1 and refused.probes >= 1)
-    router.refuse(joining[1], "serves another model")
+    router.replicas.refuse(joining[1], "serves another model")
     with pytest.raises(ab.BackendUnavailableError, match=r"replica-4 was not taken in \(refused"):
         await waiting  # at once: the other one's probes would never pass
     assert joining[0].state == "cooling"
@@ -269,17 +293,17 @@ async def test_taken_in_counts_a_replica_taken_in_and_cooled_since() -> None:
     # Ray grow then removes every new replica).
     router = Router([Stub("a")], seed=1, cooldown=0.01, max_cooldown=600.0)
     slow, fast = Stub("b", ready=False), Stub("c")
-    both = [router.add(slow), router.add(fast)]
+    both = [router.replicas.add(slow), router.replicas.add(fast)]
     await until(lambda: both[1].state == "healthy" and slow.probes >= 2)
     # Its first request is refused with a 10-minute Retry-After: no probe takes it back during this test.
-    router.fault(both[1], ab.RateLimitedError("overloaded", retry_after=600))
+    router.replicas.fault(both[1], ab.RateLimitedError("overloaded", retry_after=600))
     assert both[1].state == "cooling"
-    waiting = asyncio.ensure_future(router.taken_in(*both, timeout=60))
+    waiting = asyncio.ensure_future(router.replicas.taken_in(*both, timeout=60))
     await until(lambda: slow.probes >= 4)
     assert not waiting.done()  # the slow one is not taken in yet
     slow.ready = True
     await waiting  # returns: one joined and is cooling, the other taken in now
-    assert [s.state for s in router.stats()] == ["healthy", "healthy", "cooling"]
+    assert [s.state for s in router.replicas.stats()] == ["healthy", "healthy", "cooling"]
     await router.aclose()
 
 
@@ -292,9 +316,9 @@ async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_
     leaving = router.replicas[1]
     running = [asyncio.ensure_future(router.call("generate", req(rid=f"r{i}"))) for i in range(4)]
     await until(lambda: stubs[0].calls == 2 and stubs[1].calls == 2)  # least loaded: two each
-    draining = asyncio.ensure_future(router.drain(leaving))
+    draining = asyncio.ensure_future(router.replicas.drain(leaving))
     await until(lambda: leaving.state == "draining")
-    assert [(s.state, s.in_flight) for s in router.stats()] == [("healthy", 2), ("draining", 2)]
+    assert [(s.state, s.in_flight) for s in router.replicas.stats()] == [("healthy", 2), ("draining", 2)]
     running += [asyncio.ensure_future(router.call("generate", req(rid=f"w{i}"))) for i in range(4)]
     await until(lambda: stubs[0].calls == 6)
     assert stubs[1].calls == 2 and leaving.requests == 2  # nothing new routed to it
@@ -309,22 +333,22 @@ async def test_a_drained_replica_finishes_its_requests_gets_no_new_ones_then_is_
     assert [r.request_id for r in results] == [f"r{i}" for i in range(4)] + [f"w{i}" for i in range(4)]
     assert sorted(r.text for r in results) == ["a"] * 6 + ["b"] * 2  # type: ignore[union-attr]
     with pytest.raises(ab.InvalidRequestError, match="used already"):
-        router.add(Stub("again"), label="replica-1")  # a removed replica's name is not reused
+        router.replicas.add(Stub("again"), label="replica-1")  # a removed replica's name is not reused
     with pytest.raises(ab.InvalidRequestError, match="not in"):
-        await router.drain(leaving)
+        await router.replicas.drain(leaving)
     await router.aclose()
 
 
 @pytest.mark.asyncio
 async def test_per_replica_limits_follow_replicas_added_and_drained() -> None:
     router = Router([Stub("a")], replica_concurrency=ab.AdaptiveConcurrency(initial=4, min=1, max=16))
-    limits = router.limits
+    limits = router.replicas.limits
     assert limits is not None and limits.total() == 4
-    added = router.add(Stub("b"))
-    await router.taken_in(added)
-    assert added.limiter is not None and router.stats()[1].limit == 4
+    added = router.replicas.add(Stub("b"))
+    await router.replicas.taken_in(added)
+    assert added.limiter is not None and router.replicas.stats()[1].limit == 4
     assert limits.total() == 8
-    await router.drain(added)
+    await router.replicas.drain(added)
     assert limits.total() == 4
     await router.aclose()
 
