@@ -99,8 +99,7 @@ def test_run_contract_reports_a_backend_that_cannot_be_built(tmp_path: Path) -> 
     proc = _run_contract("mock", {"latency": -1}, tmp_path)
     assert proc.returncode == 1
     assert (
-        "(error in setup): asyncbackends.InvalidRequestError: latency and jitter must be >= 0"
-        in proc.stdout
+        "(error in setup): asyncbackends.InvalidRequestError: latency and jitter must be >= 0" in proc.stdout
     )
 
 
