@@ -7,13 +7,13 @@ one that is set says so in its `Capabilities` and refuses the request before sen
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from ._field_checks import is_int, is_number, set_field
+from ._sampling_table import OPTIONAL_SPECS
 from .errors import InvalidRequestError
 
 __all__ = ["OPTIONAL_SAMPLING_PARAMS", "REASONING_EFFORTS", "ReasoningEffort", "SamplingParams"]
@@ -106,8 +106,8 @@ class SamplingParams:
         self._check_optional()
 
     def _check_optional(self) -> None:
-        # Ranges are vLLM's (sampling_params.py), the widest any backend accepts; each adapter refuses what
-        # its own engine cannot take.
+        # Ranges (the table's) are vLLM's (sampling_params.py), the widest any backend accepts; each adapter
+        # refuses what its own engine cannot take.
         for name, (low, high, closed) in _RANGES.items():
             value = getattr(self, name)
             if value is None:
@@ -154,26 +154,11 @@ class SamplingParams:
         return {n: getattr(self, n) for n in OPTIONAL_SAMPLING_PARAMS if getattr(self, n) is not None}
 
 
-OPTIONAL_SAMPLING_PARAMS = (
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "min_p",
-    "min_tokens",
-    "json_schema",
-    "regex",
-    "reasoning_effort",
-    "thinking_budget",
-)
+OPTIONAL_SAMPLING_PARAMS: tuple[str, ...] = tuple(spec.name for spec in OPTIONAL_SPECS)
 """The `SamplingParams` fields a backend may not honour; `Capabilities` has a flag of each name."""
 
-# (low, high, low included) of each optional float parameter.
-_RANGES: dict[str, tuple[float, float, bool]] = {
-    "repetition_penalty": (0.0, math.inf, False),
-    "presence_penalty": (-2.0, 2.0, True),
-    "frequency_penalty": (-2.0, 2.0, True),
-    "min_p": (0.0, 1.0, True),
-}
+# (low, high, low included) of each optional float parameter, from the table.
+_RANGES: dict[str, tuple[float, float, bool]] = {s.name: s.bounds for s in OPTIONAL_SPECS if s.bounds}
 
 
 def _copy_schema(schema: object) -> dict[str, Any]:

@@ -1,11 +1,10 @@
 """The OpenAI-compatible wire format of the ``openai`` adapter: request bodies and response parsing.
 
-Optional sampling parameters: ``presence_penalty`` and ``frequency_penalty`` are OpenAI fields of the same
-names; ``json_schema`` is OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema": {"name",
-"schema", "strict": true}}``. A vLLM server also takes its extra fields ``repetition_penalty``, ``min_p``
-and ``min_tokens``, and structured output as its ``structured_outputs`` (``{"json": schema}`` or
-``{"regex": ...}``, exactly the in-process adapter's ``StructuredOutputsParams``). Any other server refuses
-those four.
+Optional sampling parameters: the table's ``openai`` names (`asyncbackends._sampling_table`) go to every
+server; ``json_schema`` is OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema": {"name",
+"schema", "strict": true}}``. A vLLM server also takes its extra fields (the table's ``openai_vllm`` names),
+and structured output as its ``structured_outputs`` (``{"json": schema}`` or ``{"regex": ...}``, exactly the
+in-process adapter's ``StructuredOutputsParams``). Any other server refuses those (`VLLM_SERVER_ONLY`).
 
 Reasoning: ``reasoning_effort`` is OpenAI's chat field of that name (chat prompts only: the completions API
 has none); ``thinking_budget`` is vLLM's extra field ``thinking_token_budget`` (refused elsewhere). A choice's
@@ -30,10 +29,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from .._sampling_table import OPTIONAL_SPECS
 from .._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from ._scoring import ScoringPlan
 
 __all__ = [
+    "VLLM_SERVER_ONLY",
     "capabilities",
     "completion_payload",
     "optional_fields",
@@ -42,6 +43,12 @@ __all__ = [
     "parse_echo",
     "tool_fields",
 ]
+
+
+_EVERY_SERVER = tuple((s.name, s.openai) for s in OPTIONAL_SPECS if s.openai)
+_VLLM_FIELDS = tuple((s.name, s.openai_vllm) for s in OPTIONAL_SPECS if s.openai_vllm)
+VLLM_SERVER_ONLY: tuple[str, ...] = (*(name for name, _ in _VLLM_FIELDS), "regex")
+"""The optional parameters only a vLLM server honours: its extra fields, and ``regex`` (structured output)."""
 
 
 def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) -> dict[str, Any]:
@@ -85,18 +92,13 @@ def tool_fields(request: GenerationRequest) -> dict[str, Any]:
 
 def optional_fields(params: SamplingParams, *, vllm: bool) -> dict[str, Any]:
     """The request fields of the optional sampling parameters that are set (refused ones checked before)."""
+    # Plain renames from the table, every server's first (the order the bodies have always had).
     fields: dict[str, Any] = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(params, name) is not None:
-            fields[name] = getattr(params, name)
-    if params.reasoning_effort is not None:
-        fields["reasoning_effort"] = params.reasoning_effort
-    if vllm:
-        for name in ("repetition_penalty", "min_p", "min_tokens"):
+    for fields_of_server in (_EVERY_SERVER, _VLLM_FIELDS) if vllm else (_EVERY_SERVER,):
+        for name, key in fields_of_server:
             if getattr(params, name) is not None:
-                fields[name] = getattr(params, name)
-        if params.thinking_budget is not None:
-            fields["thinking_token_budget"] = params.thinking_budget
+                fields[key] = getattr(params, name)
+    if vllm:
         if params.json_schema is not None:
             fields["structured_outputs"] = {"json": dict(params.json_schema)}
         elif params.regex is not None:
@@ -204,18 +206,13 @@ def capabilities(
         logprobs=True,
         stop=True,
         max_concurrency=max_concurrency,
-        presence_penalty=True,
-        frequency_penalty=True,
+        # Every parameter a server is sent (the table's plain renames, structured output) is honoured; the
+        # vLLM server's extra fields only by a vLLM server (others have none, or ignore them silently).
+        **dict.fromkeys((name for name, _ in _EVERY_SERVER), True),
+        **dict.fromkeys(VLLM_SERVER_ONLY, vllm),
         json_schema=True,
-        # vLLM's extra request fields: other servers have no such fields (or ignore them silently).
-        repetition_penalty=vllm,
-        min_p=vllm,
-        min_tokens=vllm,
-        regex=vllm,
-        # Read where the server gives it (None where it gives none); effort is OpenAI's own chat field.
+        # Read where the server gives it (None where it gives none).
         reasoning=True,
-        reasoning_effort=True,
-        thinking_budget=vllm,  # vLLM's thinking_token_budget
         # Claimed unless the caller says otherwise (adapter options): a server that cannot take them answers
         # 400, which comes back as RequestRejectedError.
         images=images,

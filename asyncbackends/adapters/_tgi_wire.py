@@ -15,12 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._sampling_table import OPTIONAL_SPECS, SPECS
 from .._types import Completion, GenerationRequest, ToolCall
 from ..errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",
+    "HONOURED",
     "MARKDOWN_IMAGE",
+    "NOT_ON_CHAT",
     "UNSUPPORTED_REASONS",
     "TGIInfo",
     "chat_payload",
@@ -41,9 +44,16 @@ MARKDOWN_IMAGE = re.compile(r"!\[\]\([^)]*\)")
 """An image in a text prompt as TGI's router finds it in a vision model's ``inputs``: ``![](url)``."""
 
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+# The optional parameters sent as they are (the table's plain renames), on /generate and on the chat route.
+_GENERATE_FIELDS = tuple((s.name, s.tgi) for s in OPTIONAL_SPECS if s.tgi)
+_CHAT_FIELDS = tuple((s.name, s.tgi_chat) for s in OPTIONAL_SPECS if s.tgi_chat)
+HONOURED: tuple[str, ...] = (*(name for name, _ in _GENERATE_FIELDS), "json_schema", "regex")
+"""The optional sampling parameters TGI honours: its plain renames, and structured output as its grammar."""
+NOT_ON_CHAT: tuple[str, ...] = tuple(name for name, _ in _GENERATE_FIELDS if not SPECS[name].tgi_chat)
+"""The optional parameters ``/generate`` takes and TGI's chat route has no field for."""
 UNSUPPORTED_REASONS = {
+    **{s.name: f"TGI has no {s.name}" for s in OPTIONAL_SPECS if s.needs_logits and not s.tgi},
     "presence_penalty": "TGI has none (its chat route turns presence_penalty into a repetition penalty)",
-    "min_p": "TGI has no min_p",
     "min_tokens": "TGI has no minimum length",
 }
 """Why TGI cannot honour these optional sampling parameters, for the refusal's message."""
@@ -96,9 +106,9 @@ def sampling_parameters(params: Any) -> dict[str, Any]:
         if params.top_p < 1.0:
             out["top_p"] = params.top_p
     # Penalties are not warpers: TGI applies them in greedy mode too without turning sampling on.
-    for name in ("repetition_penalty", "frequency_penalty"):
+    for name, key in _GENERATE_FIELDS:
         if getattr(params, name) is not None:
-            out[name] = getattr(params, name)
+            out[key] = getattr(params, name)
     grammar = _grammar(params)
     if grammar is not None:
         out["grammar"] = grammar
@@ -145,8 +155,9 @@ def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]
     }
     if params.top_p < 1.0 and not params.greedy:
         payload["top_p"] = params.top_p
-    if params.frequency_penalty is not None:
-        payload["frequency_penalty"] = params.frequency_penalty
+    for name, key in _CHAT_FIELDS:
+        if getattr(params, name) is not None:
+            payload[key] = getattr(params, name)
     grammar = _grammar(params)
     if grammar is not None:
         payload["response_format"] = grammar

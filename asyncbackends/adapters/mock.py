@@ -5,8 +5,9 @@ so tests can predict every output. Sampling (temperature > 0) shuffles the promp
 generator seeded from ``seed`` and the completion's index: the same seed gives the same samples.
 ``min_tokens`` repeats the prompt until the completion is that long (stop strings apply from there on);
 ``regex`` and ``json_schema`` make every completion the shortest text that satisfies the constraint
-(`_minimal_match`); the penalties and ``min_p`` need logits the mock does not have, so they are refused
-with `RequestRejectedError`, like any parameter a backend cannot honour.
+(`_minimal_match`); the parameters that act on logits (the penalties..., `SamplingParamSpec.needs_logits`)
+need logits the mock does not have, so they are refused with `RequestRejectedError`, like any parameter a
+backend cannot honour.
 
 Chat: each message reads ``role: content``; a text part reads as its text and an image part as
 ``[image <sha256 of its bytes, 16 hex>]`` (of the URL for an http(s) image, which the mock never fetches),
@@ -34,6 +35,7 @@ from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._chat import image_digest
 from .._field_checks import is_int, is_number
 from .._protocol import BaseBackend
+from .._sampling_table import OPTIONAL_SPECS
 from .._types import (
     Capabilities,
     Completion,
@@ -76,7 +78,7 @@ _FAILURES: dict[str, type[BackendError]] = {
 
 
 _NO_LOGITS = dict.fromkeys(
-    ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"),
+    (spec.name for spec in OPTIONAL_SPECS if spec.needs_logits),
     "the mock's echo model has no logits to apply it to",
 )
 

@@ -58,6 +58,7 @@ from ._http import (
 from ._openai_batch import OpenAIBatches
 from ._openai_scoring import VLLMServerScoring
 from ._openai_wire import (
+    VLLM_SERVER_ONLY,
     capabilities,
     completion_payload,
     parse_completions,
@@ -68,7 +69,7 @@ __all__ = ["OpenAIBackend"]
 
 ServerKind = Literal["auto", "vllm", "generic"]
 _NOT_VLLM = dict.fromkeys(
-    ("repetition_penalty", "min_p", "min_tokens", "regex", "thinking_budget"),
+    VLLM_SERVER_ONLY,
     "vLLM's extra request field; this server was not recognised as vLLM (pass server='vllm' if it is)",
 )
 

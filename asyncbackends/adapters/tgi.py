@@ -12,11 +12,12 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 - sampling is ``do_sample: true`` plus the temperature, ``top_k`` when set and ``top_p`` when below 1
   (TGI requires 0 < top_p < 1);
 - ``return_full_text: false`` always (TGI may echo the prompt otherwise) and ``details: true``;
-- ``repetition_penalty`` and ``frequency_penalty`` are TGI's parameters of the same names; ``json_schema``
-  and ``regex`` are its ``grammar`` ``{"type": "json" | "regex", "value": ...}`` (``response_format`` on the
-  chat route, which has no ``repetition_penalty``: refused there). ``presence_penalty``, ``min_p`` and
-  ``min_tokens`` have no TGI equivalent and are refused (TGI's chat ``presence_penalty`` is turned into a
-  repetition penalty by its router, so it is not used);
+- the optional parameters TGI has are sent under its names (the table's ``tgi`` and ``tgi_chat`` names,
+  `asyncbackends._sampling_table`); one its chat route has no field for is refused for chat prompts
+  (`NOT_ON_CHAT`). ``json_schema`` and ``regex`` are its ``grammar`` ``{"type": "json" | "regex", "value":
+  ...}`` (``response_format`` on the chat route). The rest have no TGI equivalent and are refused
+  (`UNSUPPORTED_REASONS`; TGI's chat ``presence_penalty`` is turned into a repetition penalty by its router,
+  so it is not used);
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
@@ -73,6 +74,8 @@ from ._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
 from ._streams import assemble_generate, sse_events, stream_error
 from ._tgi_wire import (
     DEFAULT_PAYLOAD_LIMIT,
+    HONOURED,
+    NOT_ON_CHAT,
     UNSUPPORTED_REASONS,
     chat_payload,
     encoder,
@@ -167,10 +170,7 @@ class TGIBackend(BaseBackend):
             logprobs=True,
             stop=True,
             max_concurrency=max_concurrency,
-            repetition_penalty=True,
-            frequency_penalty=True,
-            json_schema=True,
-            regex=True,
+            **dict.fromkeys(HONOURED, True),
             images=True,
             tools=True,
             reasoning=self.reasoning_tags is not None,
@@ -280,9 +280,10 @@ class TGIBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
-        if kind == "chat" and params.repetition_penalty is not None:
+        on_generate_only = [n for n in NOT_ON_CHAT if getattr(params, n) is not None]
+        if kind == "chat" and on_generate_only:
             raise RequestRejectedError(
-                "TGI's chat route has no repetition_penalty; use a text prompt for it",
+                f"TGI's chat route has no {', '.join(on_generate_only)}; use a text prompt for it",
                 backend=self.name,
                 request_id=rid,
             )

@@ -35,6 +35,7 @@ from asyncbackends._capabilities import Capabilities
 from asyncbackends._chat import Tool, ToolCall, image_part
 from asyncbackends._results import Completion, GenerationResult
 from asyncbackends._sampling_params import SamplingParams
+from asyncbackends._sampling_table import SAMPLING_TABLE
 from asyncbackends.errors import InvalidRequestError
 
 __all__ = [
@@ -48,19 +49,9 @@ __all__ = [
 ]
 
 MAPPED: Mapping[str, str] = {
-    "max_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "seed": "seed",
-    "stop_seqs": "stop",
-    "num_choices": "n",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "logprobs": "logprobs",
+    # The table's names; stop_seqs' list becomes a tuple and response_schema is unwrapped in sampling_params.
+    **{spec.inspect_ai: spec.name for spec in SAMPLING_TABLE if spec.inspect_ai},
     "response_schema": "json_schema",
-    "reasoning_effort": "reasoning_effort",
-    "reasoning_tokens": "thinking_budget",
 }
 """`GenerateConfig` field -> the `SamplingParams` field it sets."""
 

@@ -44,6 +44,7 @@ from asyncbackends._gather import RetryPolicy, run_batch
 from asyncbackends._loop import get_loop_manager
 from asyncbackends._protocol import AsyncBackend
 from asyncbackends._registry import create_backend
+from asyncbackends._sampling_table import OPTIONAL_SPECS, SAMPLING_TABLE
 from asyncbackends._text import split_trailing_space
 from asyncbackends._types import (
     GenerationRequest,
@@ -63,21 +64,14 @@ __all__ = ["AsyncBackendsModel", "AsyncBackendsModelConfig"]
 _DEFAULT_MAX_TOKENS = 256
 log = logging.getLogger(__name__)
 
-# GenerationParameters fields mapped onto SamplingParams by `sampling_params` (lighteval's name: ours).
+# GenerationParameters fields mapped onto SamplingParams by `sampling_params` (lighteval's name: ours): the
+# table's plain renames, and response_format, a JSON Schema in OpenAI's wrapping (unwrapped there).
 _MAPPED = {
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "stop_tokens": "stop",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "seed": "seed",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "min_p": "min_p",
+    **{spec.lighteval: spec.name for spec in SAMPLING_TABLE if spec.lighteval},
     "response_format": "json_schema",
 }
+# The optional ones passed as they are, by lighteval's name.
+_OPTIONAL = {spec.lighteval: spec.name for spec in OPTIONAL_SPECS if spec.lighteval}
 # Fields that configure transformers' KV cache, not what is generated: nothing to map, nothing lost.
 _MEMORY_ONLY = frozenset({"num_blocks", "block_size", "cache_implementation"})
 # Fields whose value here asks for nothing (no beam search, no prompt truncation).
@@ -219,18 +213,17 @@ class AsyncBackendsModel(LightevalModel):
 
         ``num_samples > 1`` needs a temperature above 0 in the config's ``generation_parameters``, as with
         lighteval's own vLLM model. With a chat template the task's stop sequences are not sent (the model
-        ends its turn itself), as lighteval's models do. Penalties, ``min_p``, ``min_new_tokens`` and
-        ``response_format`` (a JSON Schema) pass through, and so does the task's ``generation_grammar``
+        ends its turn itself), as lighteval's models do. Penalties and the rest of
+        `asyncbackends._sampling_table`'s ``lighteval`` names (``min_new_tokens``...) and ``response_format``
+        (a JSON Schema) pass through, and so does the task's ``generation_grammar``
         (``json`` or ``regex``); the backend refuses what it cannot honour.
         """
         generation = self.config.generation_parameters
         ignored = set(self.config.ignore_generation_parameters)
         optional = {
             ours: getattr(generation, theirs)
-            for theirs, ours in _MAPPED.items()
-            if ours in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "min_tokens")
-            and getattr(generation, theirs) is not None
-            and theirs not in ignored
+            for theirs, ours in _OPTIONAL.items()
+            if getattr(generation, theirs) is not None and theirs not in ignored
         }
         if generation.response_format is not None and "response_format" not in ignored:
             optional["json_schema"] = _response_format_schema(generation.response_format)

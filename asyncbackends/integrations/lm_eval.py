@@ -31,6 +31,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 from .._gather import RetryPolicy, run_batch
 from .._protocol import AsyncBackend
 from .._registry import create_backend
+from .._sampling_table import OPTIONAL_SPECS, SAMPLING_TABLE
 from .._text import split_trailing_space as split_trailing_space
 from .._types import (
     GenerationRequest,
@@ -54,18 +55,12 @@ log = logging.getLogger(__name__)
 
 # lm-eval passes these to every model's constructor whether or not it asked for them.
 _LM_EVAL_EXTRAS = ("batch_size", "max_batch_size", "device")
-# Generation kwargs mapped to SamplingParams (after lm-eval's normalisation), by lm-eval's name.
-_GEN_KEYS = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k", "seed"})
-_OPTIONAL_KEYS = {
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "min_p": "min_p",
-    "min_tokens": "min_tokens",
-    "min_new_tokens": "min_tokens",  # transformers' name
-    "json_schema": "json_schema",
-    "regex": "regex",
-}
+# Generation kwargs mapped to SamplingParams (after lm-eval's normalisation), by lm-eval's name (the table's):
+# the core ones in `sampling_params`' own code (greedy unless do_sample...), the optional ones as they are.
+_GEN_KEYS = frozenset(
+    {"do_sample", *(key for spec in SAMPLING_TABLE if not spec.optional for key in spec.lm_eval)}
+)
+_OPTIONAL_KEYS = {key: spec.name for spec in OPTIONAL_SPECS for key in spec.lm_eval}
 # Keys whose value here asks for nothing beyond the default (one beam, one sequence, special tokens left out
 # of the text, as every backend here decodes): nothing to map.
 _DEFAULT_VALUES: dict[str, Any] = {"num_beams": 1, "num_return_sequences": 1, "skip_special_tokens": True}
@@ -245,9 +240,10 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         """Map lm-eval generation kwargs to `SamplingParams` with lm-eval's own normalisation.
 
         ``until`` becomes ``stop``, ``max_gen_toks`` (or an alias) ``max_tokens``; ``do_sample=False`` means
-        greedy whatever the temperature; ``top_p``, ``top_k`` and ``seed`` pass through, and so do
-        ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_p``, ``min_tokens`` (or
-        ``min_new_tokens``), ``json_schema`` and ``regex`` (the backend refuses those it cannot honour).
+        greedy whatever the temperature; ``top_p``, ``top_k`` and ``seed`` pass through, and so do the
+        penalties, ``min_tokens`` (or transformers' ``min_new_tokens``), ``json_schema``, ``regex`` and the
+        rest of `asyncbackends._sampling_table`'s ``lm_eval`` names (the backend refuses those it cannot
+        honour).
 
         Raises:
             InvalidRequestError: A key with no equivalent (``num_beams=4``...), unless named in

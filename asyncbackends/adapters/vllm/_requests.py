@@ -12,6 +12,7 @@ import functools
 import warnings
 from typing import Any
 
+from ..._sampling_table import OPTIONAL_SPECS
 from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams
 from ...errors import InvalidRequestError, RequestRejectedError
 from .._scoring import logprob_of
@@ -32,6 +33,12 @@ __all__ = [
     "prompt_ids",
     "vllm_sampling",
 ]
+
+
+# The optional parameters vLLM takes as a field (the table's vllm names), by our name; the thinking budget is
+# claimed apart, only where the engine enforces it.
+_FIELDS = {spec.name: spec.vllm for spec in OPTIONAL_SPECS if spec.vllm}
+_PLAIN = tuple(name for name in _FIELDS if name != "thinking_budget")
 
 
 def engine_capabilities(
@@ -63,11 +70,7 @@ def engine_capabilities(
         logprobs=True,
         stop=True,
         max_concurrency=max_concurrency,
-        repetition_penalty=True,
-        presence_penalty=True,
-        frequency_penalty=True,
-        min_p=True,
-        min_tokens=True,
+        **dict.fromkeys(_PLAIN, True),
         json_schema=True,
         regex=True,
     )
@@ -89,13 +92,13 @@ def vllm_sampling(params: SamplingParams) -> VLLMSamplingParams:
 
 
 def _converted(params: SamplingParams) -> VLLMSamplingParams:
-    # The optional parameters map one to one onto vLLM's fields of the same names; unset ones are left
-    # out so vLLM's own defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace
-    # inside JSON is the engine's structured_outputs_config, not a per-request setting, in vLLM 0.32).
-    optional = params.optional_params()
-    schema, regex = optional.pop("json_schema", None), optional.pop("regex", None)
-    if "thinking_budget" in optional:  # claimed only where the engine enforces it (engine_capabilities)
-        optional["thinking_token_budget"] = optional.pop("thinking_budget")
+    # The optional parameters are vLLM's fields of the table's names; unset ones are left out so vLLM's own
+    # defaults apply. Structured output is vLLM's StructuredOutputsParams (whitespace inside JSON is the
+    # engine's structured_outputs_config, not a per-request setting, in vLLM 0.32). A thinking budget is
+    # claimed only where the engine enforces it (engine_capabilities).
+    set_values = params.optional_params()
+    optional = {_FIELDS[name]: value for name, value in set_values.items() if name in _FIELDS}
+    schema, regex = set_values.get("json_schema"), set_values.get("regex")
     try:
         if schema is not None or regex is not None:
             optional["structured_outputs"] = StructuredOutputsParams(json=schema, regex=regex)

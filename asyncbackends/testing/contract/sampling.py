@@ -1,10 +1,11 @@
 """Contract checks for the optional sampling parameters: a claimed one is honoured, an unclaimed one refused.
 
 `Capabilities` has a flag for each of `OPTIONAL_SAMPLING_PARAMS`. A backend that claims one must accept it
-(penalties, ``min_p``), honour it where the output shows it (``min_tokens`` makes the completion that long,
-a ``regex`` output matches it in full, a ``json_schema`` output parses and is valid against the schema, with
-``jsonschema`` when it is installed); a backend that does not claim one must refuse a request setting it with
-`RequestRejectedError` naming it, never run the request without it.
+(those acting on logits: `SamplingParamSpec.needs_logits`), honour it where the output shows it
+(``min_tokens`` makes the completion that long, a ``regex`` output matches it in full, a ``json_schema``
+output parses and is valid against the schema, with ``jsonschema`` when it is installed); a backend that does
+not claim one must refuse a request setting it with `RequestRejectedError` naming it, never run the request
+without it. The values sent are the table's examples (`asyncbackends._sampling_table`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ..._protocol import AsyncBackend
+from ..._sampling_table import OPTIONAL_SPECS
 from ..._types import OPTIONAL_SAMPLING_PARAMS
 from ...errors import RequestRejectedError
 from ._base import ContractBase, expect
@@ -24,22 +26,8 @@ from ._base import ContractBase, expect
 __all__ = ["SamplingContract"]
 
 # A value each optional parameter accepts everywhere it is honoured (and one that changes outputs).
-_VALUES: dict[str, Any] = {
-    "repetition_penalty": 1.3,
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
-    "min_p": 0.1,
-    "min_tokens": 4,
-    "json_schema": {
-        "type": "object",
-        "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
-        "required": ["answer", "sure"],
-        "additionalProperties": False,
-    },
-    "regex": "(yes|no|maybe)",
-    "reasoning_effort": "low",
-    "thinking_budget": 8,
-}
+_VALUES: dict[str, Any] = {spec.name: spec.example for spec in OPTIONAL_SPECS}
+_LOGIT_PARAMS = [spec.name for spec in OPTIONAL_SPECS if spec.needs_logits]
 
 
 class SamplingContract(ContractBase):
@@ -75,11 +63,11 @@ class SamplingContract(ContractBase):
                 "instead of refused with RequestRejectedError",
             )
 
-    @pytest.mark.parametrize("name", ["repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"])
+    @pytest.mark.parametrize("name", _LOGIT_PARAMS)
     def test_claimed_logit_params_accepted(
         self, backend: AsyncBackend, prompts: Sequence[str], name: str
     ) -> None:
-        """A claimed penalty or ``min_p`` is accepted, greedy and seeded-sampled, and yields completions."""
+        """A claimed parameter acting on logits is accepted, greedy and seeded-sampled, and yields outputs."""
         self.require(backend, name)
         sampled = {"temperature": 1.0, "seed": 0} if backend.capabilities.seed else {"temperature": 1.0}
         for extra in ({}, sampled):
