@@ -115,7 +115,8 @@ async def start_engine(
     soon as it exists, so a cancelled start leaves no engine process behind.
 
     Raises:
-        Exception: Whatever ``AsyncLLM.from_engine_args`` raised; the adapter maps it.
+        Exception: Whatever ``AsyncLLM.from_engine_args`` or the start of the engine's output handler
+            raised (the engine stopped first); the adapter maps it.
     """
     loop = asyncio.get_running_loop()
     built: asyncio.Future[AsyncLLM] = loop.create_future()
@@ -136,10 +137,15 @@ async def start_engine(
 
     threading.Thread(target=build, name="asyncbackends-vllm-start", daemon=True).start()
     engine = await built  # cancelling this cancels `built`; _settle then shuts the engine down
-    start_output_handler = getattr(engine, "_run_output_handler", None)
-    if start_output_handler is not None:  # else (another vLLM) it starts with the first request
-        start_output_handler()
-    note_segments(engine)
+    try:
+        note_segments(engine)
+        start_output_handler = getattr(engine, "_run_output_handler", None)
+        if start_output_handler is not None:  # else (another vLLM) it starts with the first request
+            start_output_handler()
+    except BaseException:
+        # Nobody else holds the engine: left running, its engine-core process would outlive the error.
+        await stop_engine(engine)
+        raise
     return engine
 
 
