@@ -7,6 +7,8 @@ would leave an engine core alive here (on a GPU: its memory not yet free for the
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +23,44 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 def _new_engine_cores(before: set[int]) -> set[int]:
     return set(engine_core_pids()) - before
+
+
+class _SecondStartFails:
+    """Wraps vLLM's engine build: the first build runs; the second waits until the first one's engine core
+    process exists (that engine is being built), then raises."""
+
+    def __init__(self, build: Any, before: set[int]) -> None:
+        self.build = build
+        self.before = before
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.first_was_building = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.calls += 1
+            mine = self.calls
+        if mine == 1:
+            return self.build(*args, **kwargs)
+        deadline = time.monotonic() + 300
+        while not _new_engine_cores(self.before) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.first_was_building = bool(_new_engine_cores(self.before))
+        raise RuntimeError("the second engine refuses to start (test)")
+
+
+def test_an_engine_of_two_that_fails_to_start_leaves_no_engine_core_behind(tiny_model: str) -> None:
+    from asyncbackends.adapters.vllm import _engine_lifecycle
+
+    before = set(engine_core_pids())
+    starts = _SecondStartFails(_engine_lifecycle.AsyncLLM.from_engine_args, before)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_engine_lifecycle.AsyncLLM, "from_engine_args", starts)
+        with pytest.raises(ab.BackendBrokenError, match="second engine refuses") as raised:
+            build_backend(tiny_model, engines=2)
+        alive = _new_engine_cores(before)  # right when the error arrived: nothing may still be stopping
+    assert starts.calls == 2 and starts.first_was_building, raised.value
+    assert not alive, f"engine cores still alive when the start's error reached the caller: {alive}"
 
 
 def test_an_engine_whose_output_handler_fails_to_start_is_stopped(tiny_model: str) -> None:
