@@ -77,7 +77,8 @@ class GenerationRequest:
         tools: The functions the model may call (`Tool`, or OpenAI's ``{"type": "function", ...}`` dicts);
             only with a chat prompt.
         tool_choice: ``"auto"`` (the model decides), ``"none"``, ``"required"`` (at least one call) or the
-            name of one of ``tools`` (a call to it).
+            name of one of ``tools`` (a call to it). A tool named ``auto``, ``none`` or ``required``
+            cannot be chosen by that word (it is the mode): such a request is refused.
     """
 
     prompt: Prompt
@@ -101,6 +102,12 @@ class GenerationRequest:
             raise InvalidRequestError(
                 "tool_choice must be 'auto', 'none', 'required' or the name of one of tools "
                 f"{sorted(names)}, got {self.tool_choice!r}"
+            )
+        if self.tool_choice in TOOL_CHOICES and self.tool_choice in names:
+            # One str holds modes and names: the word is the mode, so the tool could never be forced by it.
+            raise InvalidRequestError(
+                f"a tool named {self.tool_choice!r} cannot be told from tool_choice={self.tool_choice!r} "
+                "(the mode); rename the tool"
             )
         if self.tool_choice == "required" and not self.tools:
             raise InvalidRequestError("tool_choice='required' needs tools")

@@ -257,3 +257,17 @@ def test_chat_requests_and_tool_call_results_pickle() -> None:
     assert again == request and again.tools[0].parameters == ADD.parameters
     completion = ab.Completion("", tool_calls=(ab.ToolCall("c", "add", "{}"),))
     assert pickle.loads(pickle.dumps(completion)) == completion
+
+
+@pytest.mark.parametrize("word", ["auto", "none", "required"])
+def test_a_tool_named_as_a_tool_choice_mode_is_refused_when_that_word_is_the_choice(word: str) -> None:
+    # tool_choice is one str for modes and names alike: the word would be read as the mode, never forcing
+    # the tool the caller may have meant; refused rather than guessed.
+    named = ab.Tool(word)
+    ask = [{"role": "user", "content": "x"}]
+    with pytest.raises(ab.InvalidRequestError, match=f"tool named '{word}' cannot be told from"):
+        ab.GenerationRequest(ask, tools=[named, ADD], tool_choice=word)
+    # Any other choice is unambiguous: the tool is offered like any other, and can be forced by another name.
+    other = "none" if word != "none" else "auto"
+    assert ab.GenerationRequest(ask, tools=[named, ADD], tool_choice=other).tools == (named, ADD)
+    assert ab.GenerationRequest(ask, tools=[named, ADD], tool_choice="add").tool_choice == "add"

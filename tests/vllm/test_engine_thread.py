@@ -179,3 +179,48 @@ def test_the_starts_of_one_group_overlap_and_a_start_of_another_waits_for_them(
     assert "ASYNCBACKENDS_TEST_START" not in os.environ
     assert _WORKER_GRACE not in os.environ
     assert torch.get_num_threads() == threads
+
+
+class _NoOutputHandler(_FakeEngine):
+    def _run_output_handler(self) -> None:
+        raise RuntimeError("the output handler did not start")
+
+
+def test_an_engine_whose_output_handler_fails_to_start_is_stopped_before_the_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engines: list[_NoOutputHandler] = []
+
+    def build(args: Any, usage_context: Any = None) -> _NoOutputHandler:
+        engines.append(_NoOutputHandler())
+        return engines[-1]
+
+    monkeypatch.setattr(_vllm_engine.AsyncLLM, "from_engine_args", build)
+    with pytest.raises(RuntimeError, match="output handler did not start"):
+        ab.get_loop_manager().run(_vllm_engine.start_engine(NO_ARGS))
+    (engine,) = engines
+    assert engine.stopped.is_set()  # already when the error arrived: nothing holds the engine after it
+
+
+def test_a_start_cancelled_just_after_its_engine_was_handed_over_stops_the_engine(
+    builder: _SlowBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine is handed to the waiting task (the future's result set), and the cancel lands before the
+    # task resumes: the result is never read by it. Ordered on the loop by wrapping the hand-over.
+    settle = _vllm_engine._settle
+    starting: list[asyncio.Task[Any]] = []
+
+    def settle_then_cancel(built: Any, engine: Any, error: BaseException | None) -> None:
+        settle(built, engine, error)
+        starting[0].cancel()
+
+    monkeypatch.setattr(_vllm_engine, "_settle", settle_then_cancel)
+
+    async def start() -> None:
+        starting.append(asyncio.ensure_future(_vllm_engine.start_engine(NO_ARGS)))
+        with pytest.raises(asyncio.CancelledError):
+            await starting[0]
+
+    ab.get_loop_manager().run(start())
+    (engine,) = builder.engines
+    assert engine.stopped.wait(timeout=30)

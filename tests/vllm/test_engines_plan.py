@@ -207,9 +207,18 @@ class _Adapter(VLLMBackend):
         cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None, **own: Any
     ) -> _Built:
         cls.labels.append(own.get("label"))  # the restart log's name for the engine
-        cls.built.append(_Built(options, env))
+        await cls.starting(own.get("label"))
+        cls.built.append(cls.engine(options, env))
         cls.groups.append(start_group)
         return cls.built[-1]
+
+    @classmethod
+    async def starting(cls, label: str | None) -> None:
+        """What a start does before its engine exists (a test's subclass may fail or hold it here)."""
+
+    @classmethod
+    def engine(cls, options: dict[str, Any], env: Any) -> _Built:
+        return _Built(options, env)
 
 
 def _create(
@@ -359,3 +368,113 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
 
     asyncio.run(give_up())
     assert len(_OneHangs.built) == 2 and all(b.closed for b in _OneHangs.built)
+
+
+def test_a_start_given_up_raises_only_once_every_start_of_its_wave_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A start that takes a few loop turns to wind down once cancelled (as one stopping an engine would) has
+    # ended by the time the caller sees its CancelledError: nothing of the start runs on behind the caller.
+    class _SlowToEnd(_Adapter):
+        started: asyncio.Event
+        ended = False
+
+        @classmethod
+        async def starting(cls, label: str | None) -> None:
+            if label == "vllm engine-1":
+                try:
+                    cls.started.set()
+                    await asyncio.Event().wait()  # never comes up
+                finally:
+                    for _ in range(20):  # winding down: loop turns, no clock
+                        await asyncio.sleep(0)
+                    cls.ended = True
+
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
+    _SlowToEnd.built, _SlowToEnd.groups, _SlowToEnd.labels = [], [], []
+
+    async def give_up() -> bool:
+        _SlowToEnd.started = asyncio.Event()
+        task = asyncio.ensure_future(
+            _SlowToEnd._start_engines("/models/x", 2, None, {"enforce_eager": True}, {})
+        )
+        await _SlowToEnd.started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return _SlowToEnd.ended  # read at once, when the error arrived
+
+    assert asyncio.run(give_up()), "the caller got its CancelledError while a start was still ending"
+    assert all(b.closed for b in _SlowToEnd.built)
+
+
+class _SlowClose(_Built):
+    """A started engine whose stop hangs (``slow``) or fails (``fails``); ``closing`` notes each stop begun."""
+
+    closing: list[_SlowClose]
+    began: asyncio.Event
+
+    def __init__(self, options: dict[str, Any], env: Any, how: str) -> None:
+        super().__init__(options, env)
+        self.how = how
+
+    async def aclose(self) -> None:
+        self.closing.append(self)
+        self.began.set()
+        if self.how == "fails":
+            raise RuntimeError("the engine failed to stop")
+        await asyncio.Event().wait()  # a slow stop
+
+
+class _ThirdFails(_Adapter):
+    """Engines 0 and 1 start (their stops behave as ``stops`` says), engine 2 fails to start."""
+
+    stops: tuple[str, str]
+
+    @classmethod
+    async def starting(cls, label: str | None) -> None:
+        if label == "vllm engine-2":
+            raise ab.BackendBrokenError("no memory left", backend="vllm")
+
+    @classmethod
+    def engine(cls, options: dict[str, Any], env: Any) -> _Built:
+        return _SlowClose(options, env, cls.stops[len(cls.built)])
+
+
+def _start_third_fails(monkeypatch: pytest.MonkeyPatch, stops: tuple[str, str]) -> asyncio.Task[Any]:
+    monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
+    _ThirdFails.built, _ThirdFails.groups, _ThirdFails.labels = [], [], []
+    _ThirdFails.stops, _SlowClose.closing, _SlowClose.began = stops, [], asyncio.Event()
+    return asyncio.ensure_future(
+        _ThirdFails._start_engines("/models/x", 3, None, {"enforce_eager": True}, {})
+    )
+
+
+def test_a_caller_giving_up_on_a_slow_stop_of_a_failed_start_leaves_no_engine_unclosed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Closed one after another, a cancel landing in the first (slow) stop left the second engine running.
+    async def give_up_while_closing() -> None:
+        task = _start_third_fails(monkeypatch, ("slow", "slow"))
+        await _SlowClose.began.wait()  # the first stop is under way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(give_up_while_closing())
+    assert _SlowClose.closing == _ThirdFails.built and len(_ThirdFails.built) == 2
+
+
+def test_an_engine_that_fails_to_stop_neither_hides_the_start_error_nor_keeps_the_others_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def start() -> None:
+        task = _start_third_fails(monkeypatch, ("fails", "fails"))
+        with pytest.raises(ab.BackendBrokenError, match="no memory left") as raised:
+            await task
+        assert [n for n in raised.value.__notes__ if "failed to close" in n and "failed to stop" in n] == [
+            "an engine started meanwhile failed to close: RuntimeError('the engine failed to stop')"
+        ] * 2
+
+    asyncio.run(start())
+    assert _SlowClose.closing == _ThirdFails.built and len(_ThirdFails.built) == 2

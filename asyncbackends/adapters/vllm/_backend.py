@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
@@ -233,7 +233,8 @@ class VLLMBackend(BaseBackend):
         ``"auto"`` picking one engine builds the plain backend. If an engine fails to start, the others of its
         wave finish starting; then every started engine is closed and the first failure raised (the others
         noted on it). If the caller gives up (cancellation), the starts under way are cancelled (each shuts
-        its engine down once built) and the engines already started are closed.
+        its engine down once built) and awaited, and the engines already started are closed. The closes run
+        together: a close that fails, or a caller giving up meanwhile, leaves none of the others unclosed.
         """
         cpu = _checks._on_cpu()
         devices = [] if cpu else visible_devices(os.environ, _checks._device_count())
@@ -254,9 +255,9 @@ class VLLMBackend(BaseBackend):
                 routing=routing or "least_loaded",
                 labels=[p.label for p in plans],
             )
-        except BaseException:
-            for engine in built.values():
-                await engine.aclose()
+        except BaseException as exc:
+            for failure in await _close_all(built.values()):
+                exc.add_note(f"an engine started meanwhile failed to close: {failure!r}")
             raise
         try:
             await backend.ready()
@@ -280,11 +281,14 @@ class VLLMBackend(BaseBackend):
         try:
             await asyncio.wait(tasks)
         finally:
-            for plan, task in zip(wave, tasks, strict=True):
-                if not task.done():
-                    task.cancel()  # the caller gave up: the start shuts its engine down once built
-                elif not task.cancelled() and task.exception() is None:
-                    built[plan.label] = task.result()
+            for task in tasks:
+                task.cancel()  # those still starting: the caller gave up (each stops its engine once built)
+            try:
+                await asyncio.wait(tasks)  # none runs on behind the caller's error (cancelled: ends soon)
+            finally:
+                for plan, task in zip(wave, tasks, strict=True):
+                    if task.done() and not task.cancelled() and task.exception() is None:
+                        built[plan.label] = task.result()
         failed = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
         if failed:
             for other in failed[1:]:
@@ -591,3 +595,13 @@ class VLLMBackend(BaseBackend):
         # Dropping the last references now lets AsyncLLM.__del__ run while the interpreter is intact; at exit
         # it would call shutdown() again on half-torn-down modules and print a TypeError.
         await self._restarts.aclose()
+
+
+async def _close_all(engines: Iterable[VLLMBackend]) -> list[BaseException]:
+    """Close started engines together, each to its end; return the closes' failures.
+
+    Shielded: a caller giving up meanwhile stops its waiting, not the closes, nor one not yet begun. Together:
+    one failing (or slow) close holds up none of the others.
+    """
+    closes = asyncio.gather(*(engine.aclose() for engine in engines), return_exceptions=True)
+    return [result for result in await asyncio.shield(closes) if isinstance(result, BaseException)]

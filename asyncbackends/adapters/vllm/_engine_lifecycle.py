@@ -115,7 +115,8 @@ async def start_engine(
     soon as it exists, so a cancelled start leaves no engine process behind.
 
     Raises:
-        Exception: Whatever ``AsyncLLM.from_engine_args`` raised; the adapter maps it.
+        Exception: Whatever ``AsyncLLM.from_engine_args`` or the start of the engine's output handler
+            raised (the engine stopped first); the adapter maps it.
     """
     loop = asyncio.get_running_loop()
     built: asyncio.Future[AsyncLLM] = loop.create_future()
@@ -135,11 +136,23 @@ async def start_engine(
                 shutdown_engine(engine)
 
     threading.Thread(target=build, name="asyncbackends-vllm-start", daemon=True).start()
-    engine = await built  # cancelling this cancels `built`; _settle then shuts the engine down
-    start_output_handler = getattr(engine, "_run_output_handler", None)
-    if start_output_handler is not None:  # else (another vLLM) it starts with the first request
-        start_output_handler()
-    note_segments(engine)
+    try:
+        engine = await built  # cancelling this cancels `built`; _settle then shuts the engine down
+    except asyncio.CancelledError:
+        if built.done() and not built.cancelled() and built.exception() is None:
+            # Cancelled after `_settle` handed the engine over but before this task resumed: the engine is
+            # this task's alone, and nobody else would stop it.
+            _stop_in_thread(built.result())
+        raise
+    try:
+        note_segments(engine)
+        start_output_handler = getattr(engine, "_run_output_handler", None)
+        if start_output_handler is not None:  # else (another vLLM) it starts with the first request
+            start_output_handler()
+    except BaseException:
+        # Nobody else holds the engine: left running, its engine-core process would outlive the error.
+        await stop_engine(engine)
+        raise
     return engine
 
 
@@ -184,9 +197,13 @@ def _settle(built: asyncio.Future[AsyncLLM], engine: AsyncLLM | None, error: Bas
         else:
             built.set_result(engine)  # type: ignore[arg-type]  # no error: an engine
     elif engine is not None:
-        # Nobody waits for this engine: stop it in a thread, not on the loop other backends use (it joins
-        # the engine's processes), and not in a daemon, so that the processes are reaped before exit.
-        threading.Thread(target=shutdown_engine, args=(engine,), name="asyncbackends-vllm-stop").start()
+        _stop_in_thread(engine)
+
+
+def _stop_in_thread(engine: AsyncLLM) -> None:
+    # Nobody waits for this engine: stop it in a thread, not on the loop other backends use (it joins the
+    # engine's processes), and not in a daemon, so that the processes are reaped before exit.
+    threading.Thread(target=shutdown_engine, args=(engine,), name="asyncbackends-vllm-stop").start()
 
 
 async def stop_engine(engine: AsyncLLM) -> None:
