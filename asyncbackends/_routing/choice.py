@@ -14,7 +14,16 @@ from typing import Literal
 from .._types import GenerationRequest, LoglikelihoodRequest, Request, RollingLoglikelihoodRequest
 from .replica import Replica
 
-__all__ = ["POWER_OF_TWO_ABOVE", "ROUTINGS", "Routing", "affine", "affinity_key", "least_loaded"]
+__all__ = [
+    "POWER_OF_TWO_ABOVE",
+    "ROUTINGS",
+    "Routing",
+    "affine",
+    "affinity_key",
+    "has_room",
+    "least_loaded",
+    "sibling_key",
+]
 
 Routing = Literal["least_loaded", "affinity"]
 ROUTINGS: tuple[str, ...] = ("least_loaded", "affinity")
@@ -50,6 +59,18 @@ def affinity_key(request: Request, chars: int) -> bytes | None:
     return text[:chars].encode()
 
 
+def sibling_key(request: Request) -> bytes | None:
+    """What a loglikelihood request shares with the other choices of its question: a digest of its context.
+
+    The choices of a question arrive together and share their context; on one replica they read its prefix
+    cache, and an adapter that groups them (vLLM's one request per question) scores them at once. ``None`` for
+    any other request, and for an empty context (nothing shared).
+    """
+    if isinstance(request, LoglikelihoodRequest) and request.context:
+        return hashlib.blake2b(request.context.encode(), digest_size=16).digest()
+    return None
+
+
 def least_loaded(candidates: list[Replica], rng: random.Random) -> Replica:
     """The candidate with the fewest requests in flight relative to its capacity (ties at random).
 
@@ -64,6 +85,19 @@ def least_loaded(candidates: list[Replica], rng: random.Random) -> Replica:
     return ties[0] if len(ties) == 1 else rng.choice(ties)
 
 
+def has_room(replica: Replica, candidates: list[Replica], slack: float) -> bool:
+    """Whether ``replica`` may take one more request kept on it for its prefix (bounded loads).
+
+    Yes below its capacity (keeping the prefix there costs no throughput); otherwise (full, or of unknown
+    capacity) while it holds fewer than ``slack`` times its share of the requests in flight.
+    """
+    if replica.capacity is not None and replica.in_flight < replica.capacity:
+        return True
+    total = sum(r.in_flight for r in candidates) + 1
+    weights = sum(r.weight for r in candidates)
+    return replica.in_flight + 1 <= math.ceil(slack * total * replica.weight / weights)
+
+
 def affine(key: bytes, candidates: list[Replica], slack: float, rng: random.Random) -> Replica:
     """The candidate that keeps requests with this ``key`` together while it has room.
 
@@ -75,12 +109,7 @@ def affine(key: bytes, candidates: list[Replica], slack: float, rng: random.Rand
     def rank(r: Replica) -> bytes:
         return hashlib.blake2b(digest, key=r.salt, digest_size=8).digest()
 
-    total = sum(r.in_flight for r in candidates) + 1
-    weights = sum(r.weight for r in candidates)
     for replica in sorted(candidates, key=rank, reverse=True):
-        if replica.capacity is not None and replica.in_flight < replica.capacity:
-            return replica  # room to spare: keeping the prefix here costs no throughput
-        bound = math.ceil(slack * total * replica.weight / weights)
-        if replica.in_flight + 1 <= bound:
+        if has_room(replica, candidates, slack):
             return replica
     return least_loaded(candidates, rng)  # pragma: no cover  (the bounds sum above the total)

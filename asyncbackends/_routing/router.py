@@ -30,6 +30,11 @@ What the router does with one attempt (`Router.call`):
   each replica's own adaptive limit (`asyncbackends._routing.replica_limits`); an attempt goes only to a
   replica with room under it, else waits (untimed) for the first free slot. A 429 cuts that limit instead
   of cooling the replica down, and the attempt goes at once to another replica with room, if one has.
+- **Siblings together** (either routing): a loglikelihood request whose context is in flight on a candidate
+  (another choice of the same question: harnesses send them together) goes to that replica, bounded by load
+  as affinity is (below), so the choices of one question meet one prefix cache, and an adapter that scores a
+  question in one engine request (vLLM) sees them all. Questions still spread by load: only a context in
+  flight binds.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
   replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
   its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
@@ -75,7 +80,7 @@ from ..errors import (
 from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
 from .choice import ROUTINGS as ROUTINGS
 from .choice import Routing as Routing
-from .choice import affine, affinity_key, least_loaded
+from .choice import affine, affinity_key, has_room, least_loaded, sibling_key
 from .replica import DRAINING, HEALTHY, REFUSED, for_retry
 from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
@@ -153,6 +158,8 @@ class Router:
         self.wait = float(wait)
         self.affinity_chars, self.affinity_slack = affinity_chars, float(affinity_slack)
         self._rng = random.Random(seed)
+        # In-flight loglikelihood contexts (`sibling_key`): the replica each went to, and how many are there.
+        self._siblings: dict[bytes, tuple[Replica, int]] = {}
         settings = replica_adaptive_settings(replica_concurrency)
         if settings is not None:
             self.replicas.limit_replicas(settings)
@@ -186,6 +193,11 @@ class Router:
             return None
         if len(candidates) == 1:
             return candidates[0]
+        key = sibling_key(request)
+        if key is not None and key in self._siblings:
+            replica = self._siblings[key][0]
+            if replica in candidates and has_room(replica, candidates, self.affinity_slack):
+                return replica
         if self.routing == "affinity":
             key = affinity_key(request, self.affinity_chars)
             if key is not None:
@@ -219,6 +231,7 @@ class Router:
             replica.in_flight += 1
             replica.requests += 1
             epoch = replica._epoch
+            sibling = self._sibling_sent(request, replica)
             try:
                 result: Result = await getattr(replica.backend, method)(request)
             except asyncio.CancelledError as exc:
@@ -250,6 +263,8 @@ class Router:
                 raise error from exc
             finally:
                 replica.in_flight -= 1
+                if sibling is not None:
+                    self._sibling_ended(sibling, replica)
                 if ticket is not None and limits is not None:
                     limits.give(replica, ticket, outcome)
                 self.replicas.attempt_ended(replica)
@@ -257,6 +272,24 @@ class Router:
             if replica._epoch == epoch and replica.state == HEALTHY:
                 replica._streak = 0
             return result
+
+    def _sibling_sent(self, request: Request, replica: Replica) -> bytes | None:
+        key = sibling_key(request)
+        if key is not None:
+            held = self._siblings.get(key)
+            # A sibling that had to go elsewhere (its replica full or cooling) moves the binding with it.
+            count = held[1] + 1 if held is not None and held[0] is replica else 1
+            self._siblings[key] = (replica, count)
+        return key
+
+    def _sibling_ended(self, key: bytes, replica: Replica) -> None:
+        held = self._siblings.get(key)
+        if held is None or held[0] is not replica:
+            return  # the binding moved on with a later sibling: its count is the new replica's
+        if held[1] <= 1:
+            del self._siblings[key]
+        else:
+            self._siblings[key] = (replica, held[1] - 1)
 
     async def _wait_for_replica(self, request: Request, tried: list[Replica]) -> Replica:
         loop = asyncio.get_running_loop()

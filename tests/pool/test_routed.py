@@ -168,7 +168,7 @@ def test_a_pool_refuses_what_not_every_replica_can_do() -> None:
             with pytest.raises(ab.RequestRejectedError, match="chat prompts"):
                 run(pool.generate(ab.GenerationRequest([{"role": "user", "content": "hi"}])))
         scored = ab.run_batch(
-            pool, [ab.LoglikelihoodRequest("ab", "a", request_id=str(i)) for i in range(16)]
+            pool, [ab.LoglikelihoodRequest(f"ab{i}", "a", request_id=str(i)) for i in range(16)]
         )
         assert {r.is_greedy for r in scored} == {None}  # not a bool from one replica, None from the other
         assert sum(s.requests for s in pool.replica_stats()) == 16

@@ -362,3 +362,91 @@ def test_affinity_keeps_a_questions_choices_together_and_spreads_few_shot_questi
     assert len({affinity_key(r, 256) for r in first}) == 1
     assert affinity_key(second, 256) != affinity_key(first[0], 256)  # the shared shots do not decide
     assert affinity_key(ab.LoglikelihoodRequest("", " only"), 256) == b" only"
+
+
+class Scorer(Stub):
+    """A replica that scores after ``gate`` opens, recording each context it was sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.contexts: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        self.contexts.append(request.context)
+        assert self.gate is not None
+        await self.gate.wait()
+        return ab.LoglikelihoodResult(request.request_id, -1.0, True, num_tokens=1)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("routing", ["least_loaded", "affinity"])
+async def test_the_choices_of_a_question_in_flight_meet_one_replica_and_questions_spread(
+    routing: str,
+) -> None:
+    replicas = [Scorer(name) for name in "abc"]
+    # Engines have a capacity (vLLM's concurrency hint): below it, keeping a question together costs nothing.
+    held = [Replica(r, label=r.name, capacity=32) for r in replicas]
+    router = Router(held, routing=routing, cooldown=5, probe_timeout=2, seed=0)  # type: ignore[arg-type]
+    shots = "Q: one? A: 1\n" * 40
+    questions = [shots + f"Q: number {i}? A:" for i in range(6)]
+    # Sent as a harness sends them: every choice of every question at once, questions interleaved.
+    calls = [
+        asyncio.create_task(router.call("loglikelihood", ab.LoglikelihoodRequest(q, f" {c}")))
+        for c in "1234"
+        for q in questions
+    ]
+    await until(lambda: sum(len(r.contexts) for r in replicas) == len(calls))
+    for question in questions:
+        holders = [r.name for r in replicas if question in r.contexts]
+        assert len(holders) == 1, (question[-12:], holders)
+        assert sum(r.contexts.count(question) for r in replicas) == 4
+    if routing == "least_loaded":
+        # Bound only while a choice is in flight: the six questions spread over the three by load.
+        assert sorted(len(r.contexts) for r in replicas) == [8, 8, 8]
+    for replica in replicas:
+        assert replica.gate is not None
+        replica.gate.set()
+    await asyncio.gather(*calls)
+    assert router._siblings == {}  # nothing kept once no choice is in flight
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_sibling_sent_elsewhere_moves_the_binding_and_the_old_ends_leave_it() -> None:
+    a, b = Scorer("a"), Scorer("b")
+    router = Router([a, b], cooldown=5, probe_timeout=2, seed=0)
+    context = "Q: shared? A:"
+    first = asyncio.create_task(router.call("loglikelihood", ab.LoglikelihoodRequest(context, " 1")))
+    await until(lambda: len(a.contexts) + len(b.contexts) == 1)
+    held, other = (a, b) if a.contexts else (b, a)
+    router.replicas.fault(router.replicas[[a, b].index(held)], ab.BackendError("HTTP 500"))  # cooling
+    second = asyncio.create_task(router.call("loglikelihood", ab.LoglikelihoodRequest(context, " 2")))
+    await until(lambda: len(other.contexts) == 1)
+    assert other.gate is not None and held.gate is not None
+    held.gate.set()
+    await first  # the first choice ends on the cooled replica: the binding is the second's
+    assert router._siblings[next(iter(router._siblings))][1] == 1
+    other.gate.set()
+    await second
+    assert router._siblings == {}
+    await router.aclose()
+
+
+@pytest.mark.asyncio
+async def test_siblings_are_bounded_by_load_like_affinity() -> None:
+    # Sixteen requests on one context over replicas of unknown capacity: kept together only while the holder
+    # is under 1.25 times its share of what is in flight, so the rest spill over instead of queueing on one.
+    a, b = Scorer("a"), Scorer("b")
+    router = Router([a, b], cooldown=5, probe_timeout=2, seed=0)
+    calls = [
+        asyncio.create_task(router.call("loglikelihood", ab.LoglikelihoodRequest("Q: same? A:", f" {i}")))
+        for i in range(16)
+    ]
+    await until(lambda: len(a.contexts) + len(b.contexts) == 16)
+    assert sorted([len(a.contexts), len(b.contexts)]) == [6, 10]  # ceil(1.25 * 16 / 2) = 10 on the holder
+    for replica in (a, b):
+        assert replica.gate is not None
+        replica.gate.set()
+    await asyncio.gather(*calls)
+    await router.aclose()
