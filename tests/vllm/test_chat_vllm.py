@@ -125,6 +125,11 @@ def _reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
             "regex": HERMES_REGEX,
         }
     )
+    # Issue 44 item 10's comparison: a named tool choice at 24 tokens, LLM.chat given the tools and not.
+    for tools in ([t.to_openai() for t in (ADD, ECHO)], None):
+        cases.append(
+            {"messages": CASES["named"][0], "tools": tools, "max_tokens": 24, "json": ADD.parameters}
+        )
     (work / "cases.json").write_text(json.dumps(cases))
     out = work / "out.json"
     log = (work / "log.txt").open("wb")
@@ -141,7 +146,7 @@ def reference(_reference: tuple[Any, Path]) -> dict[str, dict[str, Any]]:
     proc, out = _reference
     assert proc.wait(timeout=300) == 0, f"offline LLM.chat failed; see {out.with_name('log.txt')}"
     rows = json.loads(out.read_text())
-    return dict(zip([*CASES, "hermes"], rows, strict=True))
+    return dict(zip([*CASES, "hermes", "named_24", "named_24_no_tools"], rows, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +195,20 @@ def test_named_tool_choice_is_a_call_with_arguments_by_its_schema(
         return
     assert completion.finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.arguments), ADD.parameters)
+
+
+def test_named_tool_choice_equals_llm_chat_given_the_tools_which_a_reference_without_them_does_not(
+    vlm_backend: Any, reference: dict[str, Any]
+) -> None:
+    # Issue 44 item 10: the adapter's tokens for tool_choice="add" differed from LLM.chat(...,
+    # structured_outputs=json schema). The adapter renders the tools into the prompt, as vllm serve does; the
+    # reference matches it only when LLM.chat is given tools= too. Without them the template renders no tools,
+    # so the prompt (and from it the tokens) differ: the reference side differed, not the constraint.
+    (result,) = ab.run_batch(vlm_backend, [_request("named", max_tokens=24)])
+    given, without = reference["named_24"], reference["named_24_no_tools"]
+    assert result.prompt_tokens == len(given["prompt"])
+    assert list(result.completions[0].token_ids) == given["tokens"]
+    assert len(without["prompt"]) < len(given["prompt"])  # no tool definitions rendered
 
 
 def test_required_tool_choice_is_a_list_of_calls(vlm_backend: Any) -> None:
