@@ -138,9 +138,17 @@ def child(mode: str, folder: Path, model: str, options: dict[str, Any], tasks: l
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    began = time.perf_counter()
     lm = _build_model(mode, model, folder / "shim", options)
+    built = time.perf_counter()
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=4, log_samples=False)
+    # Said as soon as known, so a run cut off by a time limit still tells start-up from scoring.
+    print(
+        f"{mode}: model built in {built - began:.1f} s, warm-up {time.perf_counter() - built:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     report: dict[str, Any] = {
         "mode": mode,
         "seconds": {},
@@ -157,6 +165,7 @@ def child(mode: str, folder: Path, model: str, options: dict[str, Any], tasks: l
         start = time.perf_counter()
         results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
         report["seconds"][task] = time.perf_counter() - start
+        print(f"{mode}: {task} {report['seconds'][task]:.2f} s", file=sys.stderr, flush=True)
         report["in_model"][task] = sum(times.values())
         report["load"][task] = [load, os.getloadavg()[0]]
         assert results is not None
@@ -229,7 +238,16 @@ def main() -> None:
             options |= json.loads(args.ours_options)
         report = child(args.child, Path(args.folder), args.model, options, args.tasks)
         Path(args.out).write_text(json.dumps(report))
-        return
+        # lm-eval's vllm model (an offline LLM never shut down) kept its process alive for 7 minutes after the
+        # report on the H200, until killed: the figures are written, so the child ends here, both modes alike,
+        # its engine-core processes first (they hold the GPU's memory the next process needs).
+        import psutil
+
+        for process in psutil.Process().children(recursive=True):
+            process.kill()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     work = Path(tempfile.mkdtemp(prefix="lm-eval-scoring-"))
     build_tasks(work / "tasks", args.mmlu, args.hella)
     modes = ["lm-eval", "ours"]
