@@ -106,6 +106,26 @@ def test_two_engines_share_the_work_and_answer_greedy_requests_as_one_engine(
     assert sum(served.values()) == len(results)
 
 
+def test_a_questions_choices_meet_one_engine_in_one_request_and_questions_spread(
+    engines2: Any, hf_tokenizer: Any
+) -> None:
+    # Issue 41 through engines=N under its default least-loaded routing: each question's one-token choices go
+    # to the engine already holding their context (the router's sibling rule), where they are one request.
+    from .test_scoring_paths import _check, _one_token
+
+    contexts = [f"Question {i}: which city is the capital of France? Answer:" for i in range(6)]
+    pairs = []
+    for context in contexts:
+        pairs += [(context, c) for c in _one_token(hf_tokenizer, context, [" A", " B", " C", " D", " 1"], 4)]
+    engines = [engine._scoring for engine in engines2.engines]
+    before = [scoring.groups.sent for scoring in engines]
+    results = ab.run_batch(engines2, [ab.LoglikelihoodRequest(c, x) for c, x in pairs])
+    sent = [scoring.groups.sent - b for scoring, b in zip(engines, before, strict=True)]
+    assert sum(sent) == len(contexts), sent  # one engine request per question, none split
+    assert all(count > 0 for count in sent), sent  # the questions spread over both engines
+    _check(engines2.engines[0], hf_tokenizer, pairs, results)
+
+
 def test_the_memory_settings_are_the_total_split_between_the_engines(engines2: Any) -> None:
     # The suite sets VLLM_CPU_KVCACHE_SPACE=1 (GiB) and gpu_memory_utilization=0.1: each engine half of it.
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # restored after the engines started
