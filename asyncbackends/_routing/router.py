@@ -185,6 +185,10 @@ class Router:
 
     def choose(self, request: Request, exclude: Sequence[Replica] = ()) -> Replica | None:
         """The replica the next attempt of ``request`` goes to; ``None`` when none is healthy (with room)."""
+        return self._choose(request, exclude, sibling_key(request))
+
+    def _choose(self, request: Request, exclude: Sequence[Replica], key: bytes | None) -> Replica | None:
+        # ``key``: the request's `sibling_key`, digested once per call rather than once per look.
         candidates = [r for r in self.replicas if r.state == HEALTHY and r not in exclude]
         limits = self.replicas.limits
         if limits is not None:
@@ -193,15 +197,14 @@ class Router:
             return None
         if len(candidates) == 1:
             return candidates[0]
-        key = sibling_key(request)
         if key is not None and key in self._siblings:
             replica = self._siblings[key][0]
             if replica in candidates and has_room(replica, candidates, self.affinity_slack):
                 return replica
         if self.routing == "affinity":
-            key = affinity_key(request, self.affinity_chars)
-            if key is not None:
-                return affine(key, candidates, self.affinity_slack, self._rng)
+            prefix = affinity_key(request, self.affinity_chars)
+            if prefix is not None:
+                return affine(prefix, candidates, self.affinity_slack, self._rng)
         return least_loaded(candidates, self._rng)
 
     # -- one attempt ---------------------------------------------------------------------------------
@@ -219,10 +222,11 @@ class Router:
                 healthy, so the retry goes there.
         """
         tried: list[Replica] = []
+        key = sibling_key(request)
         while True:
-            replica = self.choose(request, tried)
+            replica = self._choose(request, tried, key)
             if replica is None:
-                replica = await self._wait_for_replica(request, tried)
+                replica = await self._wait_for_replica(request, tried, key)
             tried.append(replica)
             note_replica(replica.label)  # the run's observers say which replica served the attempt
             limits = self.replicas.limits
@@ -231,7 +235,7 @@ class Router:
             replica.in_flight += 1
             replica.requests += 1
             epoch = replica._epoch
-            sibling = self._sibling_sent(request, replica)
+            self._sibling_sent(key, replica)
             try:
                 result: Result = await getattr(replica.backend, method)(request)
             except asyncio.CancelledError as exc:
@@ -250,7 +254,7 @@ class Router:
                     raise
                 if limits is not None and isinstance(exc, RateLimitedError):
                     # Its own limit takes the refusal (cut, Retry-After paused) instead of a cool-down.
-                    if self.choose(request, tried) is not None:
+                    if self._choose(request, tried, key) is not None:
                         continue  # refused at its limit: another replica with room, same attempt
                     raise
                 self.replicas.fault(replica, exc)
@@ -263,8 +267,8 @@ class Router:
                 raise error from exc
             finally:
                 replica.in_flight -= 1
-                if sibling is not None:
-                    self._sibling_ended(sibling, replica)
+                if key is not None:
+                    self._sibling_ended(key, replica)
                 if ticket is not None and limits is not None:
                     limits.give(replica, ticket, outcome)
                 self.replicas.attempt_ended(replica)
@@ -273,14 +277,12 @@ class Router:
                 replica._streak = 0
             return result
 
-    def _sibling_sent(self, request: Request, replica: Replica) -> bytes | None:
-        key = sibling_key(request)
+    def _sibling_sent(self, key: bytes | None, replica: Replica) -> None:
         if key is not None:
             held = self._siblings.get(key)
             # A sibling that had to go elsewhere (its replica full or cooling) moves the binding with it.
             count = held[1] + 1 if held is not None and held[0] is replica else 1
             self._siblings[key] = (replica, count)
-        return key
 
     def _sibling_ended(self, key: bytes, replica: Replica) -> None:
         held = self._siblings.get(key)
@@ -291,11 +293,11 @@ class Router:
         else:
             self._siblings[key] = (replica, held[1] - 1)
 
-    async def _wait_for_replica(self, request: Request, tried: list[Replica]) -> Replica:
+    async def _wait_for_replica(self, request: Request, tried: list[Replica], key: bytes | None) -> Replica:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
         while True:
-            replica = self.choose(request, tried) or (self.choose(request) if tried else None)
+            replica = self._choose(request, tried, key) or (self._choose(request, (), key) if tried else None)
             if replica is not None:
                 return replica
             if self.replicas.closed:
