@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # lm-eval end to end on the H200 (issue 41): --model asyncbackends with engines="auto" against lm-eval's own vllm
-# model, the MMLU shape, both eager. Two device calls, back to back, from the repository root:
+# model, the MMLU shape, both eager; and lm-eval with a model that answers at once (--ceiling: lm-eval's own
+# work, the most any model could gain). Two device calls, back to back, from the repository root:
 #   call 1, carry [".vp/s1"]:                          mkdir -p /tmp/parts && cp .vp/s1/site.part-0 /tmp/parts/
 #   call 2, carry [".vp/s2", ".lmw", "<model dir>"]:   MODEL=<model dir> bash benchmarks/gpu/gpu_lm_eval_scoring.sh
 # .vp/s1 and .vp/s2 come from benchmarks/gpu/gpu_bundle.sh; .lmw holds lm-eval's wheels and those the GPU image
@@ -18,7 +19,7 @@ mkdir -p "$TMPDIR"
 OPTS='{"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096, "seed": 1234, "enforce_eager": true}'
 setsid timeout "${LIMIT:-520}" python3 benchmarks/integrations/lm_eval_scoring.py --model "$PWD/$MODEL" \
     --options "$OPTS" --ours-options "${OURS:-{\"engines\": \"auto\"\}}" --tasks score_mmlu \
-    --mmlu "${MMLU:-200}" --rounds "${ROUNDS:-2}" > "$OUT/lm_eval_scoring.txt" 2> "$OUT/lm_eval_scoring.log" &
+    --mmlu "${MMLU:-200}" --rounds "${ROUNDS:-2}" --ceiling > "$OUT/lm_eval_scoring.txt" 2> "$OUT/lm_eval_scoring.log" &
 wait $!
 echo "lm_eval_scoring exit $?"
 cat "$OUT/lm_eval_scoring.txt"

@@ -15,6 +15,11 @@ is printed; the target is 1e-3 in float32), and so are the accuracies.
     python benchmarks/integrations/lm_eval_scoring.py                 # 100 + 200 documents, 2 rounds
     python benchmarks/integrations/lm_eval_scoring.py --mmlu 200 --hella 300 --rounds 4
 
+``--ceiling`` adds a third process each round, ``instant``: an lm-eval ``LM`` that answers every request at
+once with no engine. Its time is lm-eval's own work around a model (building the documents' contexts,
+metrics, logging samples), which every model pays, so lm-eval's ``vllm`` time over it is the largest ratio
+any model could reach against lm-eval's ``vllm`` on that round's task: the ceiling.
+
 Both models get the same engine options: the tiny model, float32, ``enforce_eager``, ``max_model_len`` 2048
 (5-shot contexts are ~700 tokens of the tiny tokenizer), ``gpu_memory_utilization`` 0.1, seed 1234,
 ``VLLM_CPU_KVCACHE_SPACE=1``. lm-eval's ``vllm`` model reads ``importlib.metadata.version("vllm")``, which
@@ -133,13 +138,30 @@ def build_tasks(folder: Path, mmlu: int, hella: int) -> None:
     (folder / "score_hella.yaml").write_text(_HELLA_YAML)
 
 
+def _instant_model() -> Any:
+    """An lm-eval model that answers every loglikelihood at once: what is left is lm-eval's own work."""
+    from lm_eval.api.model import LM
+
+    class Instant(LM):  # type: ignore[misc]
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            return [(0.0, False) for _ in requests]
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            raise NotImplementedError("the scoring tasks ask for loglikelihoods only")
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            raise NotImplementedError("the scoring tasks ask for loglikelihoods only")
+
+    return Instant()
+
+
 def child(mode: str, folder: Path, model: str, options: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
     """Build the model, warm it up, time each task's ``simple_evaluate``; figures and every choice's score."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     began = time.perf_counter()
-    lm = _build_model(mode, model, folder / "shim", options)
+    lm = _instant_model() if mode == "instant" else _build_model(mode, model, folder / "shim", options)
     built = time.perf_counter()
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=4, log_samples=False)
@@ -174,7 +196,7 @@ def child(mode: str, folder: Path, model: str, options: dict[str, Any], tasks: l
             str(s["doc_id"]): [[float(r[0][0]), bool(r[0][1])] for r in s["resps"]]
             for s in results["samples"][task]
         }
-    if mode != "lm-eval":
+    if mode == "ours":
         lm.close()
     return report
 
@@ -221,6 +243,11 @@ def main() -> None:
         "--ours-options", default="{}", help='options for ours alone, as JSON (e.g. {"engines": "auto"})'
     )
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time lm-eval with a model that answers at once: the largest ratio any model could reach",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -251,10 +278,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lm-eval-scoring-"))
     build_tasks(work / "tasks", args.mmlu, args.hella)
     modes = ["lm-eval", "ours"]
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in [*modes, "instant"]}
     for round_ in range(args.rounds):
         order = modes if round_ % 2 == 0 else modes[::-1]
-        for mode in order:
+        for mode in order + (["instant"] if args.ceiling else []):
             result = _run_child(mode, work / "tasks", args, work / f"round{round_ + 1}-{mode}.json")
             runs[mode].append(result)
             figures = ", ".join(
@@ -265,21 +292,27 @@ def main() -> None:
         f"\n{args.mmlu} MMLU-shaped (5-shot) and {args.hella} HellaSwag-shaped documents x 4 choices, "
         f"{args.rounds} rounds, ABBA, fresh processes\n"
     )
+    ceiling = " instant s | ceiling |" if args.ceiling else ""
     print(
         "| round | order | task | load (lm-eval / ours) | lm-eval s (in model) | ours s (in model) | ratio |"
+        + ceiling
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if args.ceiling else ""))
     for round_ in range(args.rounds):
         order = " ".join(modes if round_ % 2 == 0 else modes[::-1])
         for task in args.tasks:
             theirs, ours = runs["lm-eval"][round_], runs["ours"][round_]
             loads = f"{theirs['load'][task][0]:.2f} / {ours['load'][task][0]:.2f}"
-            print(
+            line = (
                 f"| {round_ + 1} | {order} | {task} | {loads} "
                 f"| {theirs['seconds'][task]:.2f} ({theirs['in_model'][task]:.2f}) "
                 f"| {ours['seconds'][task]:.2f} ({ours['in_model'][task]:.2f}) "
                 f"| {theirs['seconds'][task] / ours['seconds'][task]:.2f} |"
             )
+            if args.ceiling:
+                instant = runs["instant"][round_]["seconds"][task]
+                line += f" {instant:.2f} | {theirs['seconds'][task] / instant:.2f} |"
+            print(line)
     print()
     for task in args.tasks:
         ratios = [
