@@ -12,7 +12,9 @@ import asyncbackends as ab
 
 from .conftest import Pair
 
-pytestmark = pytest.mark.slow
+# The first test of each parser family starts its pair (a `vllm serve` and an in-process engine at once),
+# waiting up to conftest's START_TIMEOUT: more than the suite's 120 s on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX_TOKENS = 24
 CLOSES = ("What is two plus two?", "hello there", "Tell me a story.")
