@@ -19,7 +19,8 @@ mkdir -p "$TMPDIR"
 OPTS='{"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096, "seed": 1234, "enforce_eager": true}'
 setsid timeout "${LIMIT:-520}" python3 benchmarks/integrations/lm_eval_scoring.py --model "$PWD/$MODEL" \
     --options "$OPTS" --ours-options "${OURS:-{\"engines\": \"auto\"\}}" --tasks score_mmlu \
-    --mmlu "${MMLU:-200}" --rounds "${ROUNDS:-2}" --ceiling > "$OUT/lm_eval_scoring.txt" 2> "$OUT/lm_eval_scoring.log" &
+    --mmlu "${MMLU:-200}" --rounds "${ROUNDS:-2}" --ceiling \
+    > "$OUT/lm_eval_scoring.txt" 2> "$OUT/lm_eval_scoring.log" &
 wait $!
 echo "lm_eval_scoring exit $?"
 cat "$OUT/lm_eval_scoring.txt"
