@@ -324,6 +324,7 @@ class HTTPTransport:
         request_id: str | None = None,
         timeout: float | None = None,
         idle: float | None = None,
+        pooled: bool = True,
     ) -> HTTPResponse:
         """Send one request and read the whole response; never raises for a status.
 
@@ -336,6 +337,8 @@ class HTTPTransport:
             idle: Seconds allowed between two reads from the socket, the wait for the answer's first byte
                 included (``ab.Timeouts.idle``, read by the adapter with ``idle_timeout()``); ``None``
                 for no limit. A streamed answer that keeps coming is never cut by it.
+            pooled: Take one of the ``max_connections`` slots first; ``False`` for a health probe, which
+                must not wait behind the answers it watches.
 
         Raises:
             BackendClosedError: `aclose` started before the response was read (whatever the connection did
@@ -358,7 +361,7 @@ class HTTPTransport:
         if self._closed:
             raise self.closed_error(request_id)
         session = self.session  # checks the loop before queueing on a loop-bound semaphore
-        async with held_slot(self._connection_slots()):
+        async with held_slot(self._connection_slots() if pooled else None):
             if self._closed:  # closed while this request waited for a connection
                 raise self.closed_error(request_id)
             try:

@@ -17,8 +17,11 @@ server unlocks what the plain OpenAI API cannot do exactly:
 
 Generations are sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into
 the answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole
-generation; requests offering tools are sent whole (a server's tool parser may stream calls differently).
-Scoring requests are short and bounded by the idle limit as a whole. A length refusal (OpenAI's
+generation. Sent whole instead: requests offering tools (a server's tool parser may stream calls
+differently) and a vLLM server's chats (its reasoning parser splits a streamed thought otherwise than a
+whole one on some outputs; the whole split is the in-process ``vllm`` adapter's), where the idle limit
+becomes one on the server's ``GET /health`` (`_health_watch`). Scoring requests are short and bounded by
+the idle limit as a whole. A length refusal (OpenAI's
 ``context_length_exceeded``, vLLM serve's "maximum context length") is a `ContextLengthError`.
 
 Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
@@ -47,6 +50,7 @@ from .._types import (
 )
 from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from ._credentials import split_url_credentials
+from ._health_watch import HealthWatch
 from ._http import (
     HTTPResponse,
     HTTPTransport,
@@ -136,6 +140,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         self._claims = {"images": bool(images), "tools": bool(tools)}
         self.capabilities = capabilities(server, max_concurrency, **self._claims)
         self.batch_limits = batch_limits or BatchLimits()
+        self._health = HealthWatch(self._http)
 
     @classmethod
     async def create(
@@ -274,6 +279,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         await self._models()
 
     async def _aclose(self) -> None:
+        await self._health.aclose()
         await self._http.aclose()
 
     async def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5, path: str = "") -> None:
@@ -309,13 +315,18 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             )
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         path = "/chat/completions" if chat else "/completions"
-        if request.tools or idle_timeout() is None:
-            # Tool calls are parsed by the server's tool parser, whose streamed form may differ from the
-            # whole answer's: sent whole, bounded by the total timeout alone. Without an idle limit nothing
-            # needs the stream, and the whole answer is one body to read instead of a chunk a token.
-            body = await self._post(path, payload, rid)
-        else:
+        idle, vllm = idle_timeout(), self.server == "vllm"
+        if idle is not None and not request.tools and not (chat and vllm):
             body = await self._streamed(path, payload, rid, chat=chat)
+        elif idle is not None and vllm:
+            # A server parser's streamed split may differ from the whole answer's (tools, and vLLM's
+            # reasoning parsers): sent whole, the idle limit kept by the server's signs of life.
+            exchange = self._post(path, payload, rid)
+            body = await self._health.watch(exchange, idle, backend=self.name, request_id=rid)
+        else:
+            # Tools on another server: whole, bounded by the total timeout alone. Without an idle limit
+            # nothing needs the stream, and the whole answer is one body to read instead of a chunk a token.
+            body = await self._post(path, payload, rid)
         return self._result(request, body)
 
     def _refuse(self, request: GenerationRequest) -> None:

@@ -1,16 +1,20 @@
 """`FakeOpenAIServer`: a small OpenAI-compatible look-alike that streams, paces its tokens and stalls.
 
-It serves ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, both answered
-whole or, with ``stream: true``, as ``chunk`` events ending in ``data: [DONE]`` (a final ``usage`` chunk
-when ``stream_options.include_usage`` asks for it), as OpenAI's API reference gives them. The model is
-`_fake_tgi.model`'s (greedy echoes the prompt, or a chat's last message; sampling shuffles it with the seed);
-special tokens are never part of an answer. A prompt plus ``max_tokens`` over ``max_model_len`` is refused
-as OpenAI refuses it: 400, ``code: "context_length_exceeded"``.
+It serves ``GET /v1/models``, ``GET /health``, ``POST /v1/completions`` and ``POST /v1/chat/completions``,
+both answered whole or, with ``stream: true``, as ``chunk`` events ending in ``data: [DONE]`` (a final
+``usage`` chunk when ``stream_options.include_usage`` asks for it), as OpenAI's API reference gives them. The
+model is `_fake_tgi.model`'s (greedy echoes the prompt, or a chat's last message; sampling shuffles it with
+the seed); special tokens are never part of an answer. A prompt plus ``max_tokens`` over ``max_model_len`` is
+refused as OpenAI refuses it: 400, ``code: "context_length_exceeded"``.
 
 Knobs: ``token_interval`` (seconds a token) scaled by ``time_scale``, so a test plays a long generation in
 seconds; ``fail_attempts`` with ``failure="stall"`` (the stream stops after ``stall_after`` tokens until the
-server stops; an answer sent whole never comes) or an HTTP status. Counters: ``attempts`` per prompt,
-``streamed`` / ``whole`` answers.
+server stops; an answer sent whole never comes) or an HTTP status. ``owned_by="vllm"`` lists the model as
+vLLM's server does, so the openai adapter takes it for one (and sends its chats whole, watching ``/health``);
+``whole_after_checks`` holds each answer sent whole until that many health checks were answered after it came
+(for ever when nothing probes); ``sick_attempts`` makes each prompt's first attempts sent whole hang, and
+``/health`` with them, as a frozen server would. Counters: ``attempts`` per prompt, ``streamed`` / ``whole``
+answers, ``health_checks``.
 
 ```python
 async with FakeOpenAIServer(token_interval=0.05, time_scale=0.01) as server:
@@ -45,6 +49,10 @@ class FakeOpenAIServer:
         fail_attempts: Each prompt's first ``fail_attempts`` attempts fail with ``failure``.
         failure: ``"stall"`` or an HTTP status (429, 500, 503...) answered with OpenAI's error body.
         stall_after: Tokens a stalled stream sends before it stops.
+        owned_by: The ``owned_by`` of its model list entry (``"vllm"`` to pass for a vLLM server).
+        whole_after_checks: Health checks answered after an answer sent whole came, before it is sent.
+        sick_attempts: Each prompt's first ``sick_attempts`` attempts sent whole hang, and so does
+            ``/health`` while one of them is in flight.
         host: Address to listen on.
         port: Port to listen on.
     """
@@ -59,6 +67,9 @@ class FakeOpenAIServer:
         fail_attempts: int = 0,
         failure: int | str = "stall",
         stall_after: int = 0,
+        owned_by: str = "fake",
+        whole_after_checks: int = 0,
+        sick_attempts: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -66,6 +77,11 @@ class FakeOpenAIServer:
         self.token_interval, self.time_scale = token_interval, time_scale
         self.fail_attempts, self.failure, self.stall_after = fail_attempts, failure, stall_after
         self.host, self.port = host, port
+        self.owned_by = owned_by
+        self.whole_after_checks, self.sick_attempts = whole_after_checks, sick_attempts
+        self.health_checks = 0
+        self._sick = 0  # sick attempts in flight: /health does not answer while there is one
+        self._checked = asyncio.Condition()  # notified at each health check answered
         self.model = FakeModel()
         self.attempts: Counter[str] = Counter()
         self.answers: Counter[str] = Counter()  # "streamed" / "whole" / the error statuses
@@ -81,6 +97,7 @@ class FakeOpenAIServer:
         """Start listening; `url` is valid afterwards."""
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner, self.port = await serve(app, self.host, self.port)
@@ -89,6 +106,8 @@ class FakeOpenAIServer:
     async def stop(self) -> None:
         """Stop listening; stalled streams end."""
         self._stopping.set()
+        async with self._checked:
+            self._checked.notify_all()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -103,10 +122,33 @@ class FakeOpenAIServer:
         entry = {
             "id": self.model_name,
             "object": "model",
-            "owned_by": "fake",
+            "owned_by": self.owned_by,
             "max_model_len": self.max_model_len,
         }
         return web.json_response({"object": "list", "data": [entry]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        async with self._checked:
+            await self._checked.wait_for(lambda: not self._sick or self._stopping.is_set())
+            self.health_checks += 1
+            self._checked.notify_all()
+        return web.Response(status=200)
+
+    async def _until_checks(self, count: int) -> None:
+        target = self.health_checks + count
+        async with self._checked:
+            await self._checked.wait_for(lambda: self.health_checks >= target or self._stopping.is_set())
+
+    async def _sick_attempt(self) -> None:
+        # Hangs until the client gives up (cancelled) or the server stops; /health hangs meanwhile.
+        self._sick += 1
+        try:
+            await self._stopping.wait()
+        finally:
+            self._sick -= 1
+            async with self._checked:
+                self._checked.notify_all()
+        raise asyncio.CancelledError
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -153,6 +195,9 @@ class FakeOpenAIServer:
             if stall:
                 await self._stopping.wait()
                 raise asyncio.CancelledError
+            if self.attempts[text] <= self.sick_attempts:
+                await self._sick_attempt()
+            await self._until_checks(self.whole_after_checks)
             await asyncio.sleep(max(len(g.tokens) for g in gens) * self.token_interval * self.time_scale)
             choices = [_choice(i, g, chat, bool(body.get("logprobs"))) for i, g in enumerate(gens)]
             self.answers["whole"] += 1

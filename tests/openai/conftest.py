@@ -6,20 +6,23 @@ weights) start together in two subprocesses, so their start-ups overlap and this
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 import asyncbackends as ab
 from asyncbackends.adapters.openai import OpenAIBackend
+from asyncbackends.testing.fake_openai_stream import FakeOpenAIServer
 from asyncbackends.testing.tiny_model import build_tiny_model
 
 from ..processes import log_tail, start_group, stop_group, wait_until_serving
@@ -89,3 +92,32 @@ def backend(served: Served) -> Iterator[OpenAIBackend]:
     assert isinstance(built, OpenAIBackend)
     yield built
     built.close()
+
+
+Make = Callable[..., Awaitable[tuple[FakeOpenAIServer, OpenAIBackend]]]
+"""``await make(**options)``: a started `FakeOpenAIServer` (its own options) and an openai backend on it."""
+
+
+@pytest_asyncio.fixture
+async def make() -> AsyncIterator[Make]:
+    """Look-alike servers and their backends for one test, closed after it."""
+    made: list[tuple[FakeOpenAIServer, OpenAIBackend]] = []
+
+    async def build(**options: Any) -> tuple[FakeOpenAIServer, OpenAIBackend]:
+        server = await FakeOpenAIServer(**options).start()
+        backend = await ab.acreate_backend("openai", base_url=server.url + "/v1", api_key="k")
+        assert isinstance(backend, OpenAIBackend)
+        made.append((server, backend))
+        return server, backend
+
+    yield build
+    for server, backend in made:
+        await backend.aclose()
+        await server.stop()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Returns once ``condition()`` holds (a counter a server or a watch bumps); fails after ``timeout`` s."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110  (the state is a counter, not an event)
+            await asyncio.sleep(0.005)

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,6 +17,8 @@ import asyncbackends as ab
 from asyncbackends._cache import backend_fingerprint
 from asyncbackends.adapters.openai import OpenAIBackend
 from asyncbackends.testing._serve import serve
+
+from .conftest import until
 
 
 class Server:
@@ -80,12 +82,6 @@ async def build(url: str, **options: Any) -> OpenAIBackend:
     backend = await ab.acreate_backend("openai", base_url=url, **options)
     assert isinstance(backend, OpenAIBackend)
     return backend
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110  (the state is a counter the server bumps)
-            await asyncio.sleep(0.005)
 
 
 @pytest.mark.asyncio

@@ -3,42 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 import asyncbackends as ab
 from asyncbackends._timeouts import DEFAULT_IDLE
 from asyncbackends.adapters._openai_wire import completion_payload, parse_completions
-from asyncbackends.adapters.openai import OpenAIBackend
-from asyncbackends.testing.fake_openai_stream import FakeOpenAIServer
+
+from .conftest import Make
 
 SCALE = 1 / 200
 TOKEN_INTERVAL = 0.05
 TOKENS = int(20 * 60 / TOKEN_INTERVAL)  # 20 minutes of tokens at one every 50 ms
 FAST = ab.RetryPolicy(max_attempts=3, initial_delay=0.001, max_delay=0.01)
-
-Make = Callable[..., Awaitable[tuple[FakeOpenAIServer, OpenAIBackend]]]
-
-
-@pytest_asyncio.fixture
-async def make() -> AsyncIterator[Make]:
-    made: list[tuple[FakeOpenAIServer, OpenAIBackend]] = []
-
-    async def build(**options: Any) -> tuple[FakeOpenAIServer, OpenAIBackend]:
-        server = await FakeOpenAIServer(**options).start()
-        backend = await ab.acreate_backend("openai", base_url=server.url + "/v1", api_key="k")
-        assert isinstance(backend, OpenAIBackend)
-        made.append((server, backend))
-        return server, backend
-
-    yield build
-    for server, backend in made:
-        await backend.aclose()
-        await server.stop()
 
 
 def prompt_of(n: int) -> str:
