@@ -13,6 +13,40 @@ import pytest
 import asyncbackends as ab
 from asyncbackends.adapters.mock import MockBackend
 
+SHARED_SETUP_TIMEOUT = 600
+"""Seconds the first test to use a shared fixture may take (pytest.ini's 120 s for the others)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give the test that sets up a shared fixture (session, package, module or class scope) 600 s.
+
+    Such a fixture starts in whichever test first uses it, under that test's timeout: a vLLM engine, a
+    ``vllm serve``, a Ray cluster. On a loaded machine a start took over the suite's 120 s (setup errors,
+    though the fixtures' own waits allow minutes); the later tests that share it keep the 120 s. Tests run
+    in collection order, so the first item using a fixture (per scope node and parameter) sets it up. A
+    timeout marker of the test's own wins.
+    """
+    seen: set[tuple[object, ...]] = set()
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures an item uses
+        callspec = getattr(item, "callspec", None)
+        first = False
+        for name in info.names_closure if info is not None else ():
+            defs = info.name2fixturedefs.get(name) if info is not None else None
+            if not defs or defs[-1].scope == "function":
+                continue
+            scope = defs[-1].scope
+            node = {"session": None, "package": item.path.parent, "module": item.path}.get(
+                scope, getattr(item, "cls", None)
+            )
+            param = callspec.indices.get(name) if callspec is not None else None
+            key = (id(defs[-1]), node, param)
+            if key not in seen:
+                seen.add(key)
+                first = True
+        if first and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SHARED_SETUP_TIMEOUT))
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Let SIGINT reach the processes the Ctrl-C tests start, however the suite itself was started.
