@@ -2,13 +2,13 @@
 
 A vLLM server's chat answers are asked whole, because its reasoning and tool parsers split a streamed answer
 otherwise than a whole one on some outputs (vLLM's streaming parsers drop a lone end-of-thought token and the
-characters its detokenizer released with it). No byte of a whole answer arrives before the last, so the
-idle limit (``ab.Timeouts.idle``) cannot bound the wait for the next byte. Instead, while at least one such
-answer is awaited, one probe per backend asks ``GET /health`` every ``idle / 2`` seconds (the shortest
-limit of the answers in flight; a shorter one arriving starts the probe again); any answer below
-500 is a sign of life (vLLM answers 503 once its engine died; a proxy without the route answers 404, which
-still shows the server answers). An answer whose server gave no sign of life for ``idle`` seconds is
-abandoned with the same retryable `BackendTimeoutError` a stalled stream gets.
+characters its detokenizer released with it). No byte of a whole answer arrives before the last, so the idle
+limit (``ab.Timeouts.idle``) cannot bound the wait for the next byte. Instead, while at least one such answer
+is awaited, one probe per backend asks ``GET /health`` every ``idle / 2`` seconds (the shortest limit of the
+answers in flight; a shorter one arriving starts the probe again); any answer below 500 is a sign of life
+(vLLM answers 503 once its engine died; a proxy without the route answers 404, which still shows the server
+answers). An answer whose server gave no sign of life for ``idle`` seconds is abandoned with the same
+retryable `BackendTimeoutError` a stalled stream gets.
 
 What it cannot see: a server that answers its health check while one request makes no progress (vLLM
 schedules every request it holds, so a live engine does not leave one behind).

@@ -15,14 +15,14 @@ server unlocks what the plain OpenAI API cannot do exactly:
   comes back with its logprob and the top-1 alternative (which says whether it is greedy);
 - generated token ids (``return_token_ids``) and ``top_k``.
 
-Generations are sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into
-the answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole
-generation. Sent whole instead: requests offering tools (a server's tool parser may stream calls
-differently) and a vLLM server's chats (its reasoning parser splits a streamed thought otherwise than a
-whole one on some outputs; the whole split is the in-process ``vllm`` adapter's), where the idle limit
-becomes one on the server's ``GET /health`` (`_health_watch`). Scoring requests are short and bounded by
-the idle limit as a whole. A length refusal (OpenAI's
-``context_length_exceeded``, vLLM serve's "maximum context length") is a `ContextLengthError`.
+Generations are sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into the
+answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole generation. Sent
+whole instead: requests offering tools (a server's tool parser may stream calls differently) and a vLLM
+server's chats (its reasoning parser splits a streamed thought otherwise than a whole one on some outputs; the
+whole split is the in-process ``vllm`` adapter's), where the idle limit becomes one on the server's
+``GET /health`` (`_health_watch`). Scoring requests are short and bounded by the idle limit as a whole. A
+length refusal (OpenAI's ``context_length_exceeded``, vLLM serve's "maximum context length") is a
+`ContextLengthError`.
 
 Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
 exact tokenizer a context/continuation split on text would score the wrong tokens. Errors are mapped by
