@@ -30,6 +30,17 @@ def chat(text: str, **params: Any) -> ab.GenerationRequest:
     return ab.GenerationRequest([{"role": "user", "content": text}], ab.SamplingParams(**params))
 
 
+async def in_flight(
+    server: FakeOpenAIServer, backend: OpenAIBackend, text: str, idle: float, **options: Any
+) -> asyncio.Future[list[Any]]:
+    """A run of one chat ``text`` started in the background, returned once the server holds it."""
+    run = asyncio.ensure_future(
+        ab.gather(backend, [chat(text, max_tokens=32)], timeout=ab.Timeouts(idle=idle), **options)
+    )
+    await until(lambda: server.attempts[text] == 1, timeout=60)
+    return run
+
+
 @pytest.mark.asyncio
 async def test_chats_are_sent_whole_and_text_prompts_streamed(make: Make) -> None:
     server, backend = await vllm_like(
@@ -61,12 +72,7 @@ async def test_a_whole_answer_longer_than_idle_finishes_while_the_server_answers
     server, backend = await vllm_like(make, whole_after_checks=3)
     metrics = ab.RunMetrics()
     started = time.monotonic()
-    run = asyncio.ensure_future(
-        ab.gather(
-            backend, [chat("a long thought", max_tokens=32)], timeout=ab.Timeouts(idle=IDLE), metrics=metrics
-        )
-    )
-    await until(lambda: server.attempts["a long thought"] == 1, timeout=60)
+    run = await in_flight(server, backend, "a long thought", IDLE, metrics=metrics)
     probe = backend._health._probe
     assert probe is not None
     (result,) = await run
@@ -82,10 +88,7 @@ async def test_a_shorter_idle_limit_joining_a_longer_one_is_probed_in_time(make:
     # The probe of a 60 s limit sleeps 30 s; a watch of IDLE joining it starts it again at IDLE / 2, or
     # that watch would see no sign of life and fail (it may not retry).
     server, backend = await vllm_like(make, whole_after_checks=2)
-    long_limit = asyncio.ensure_future(
-        ab.gather(backend, [chat("a long limit", max_tokens=32)], timeout=ab.Timeouts(idle=60.0))
-    )
-    await until(lambda: server.attempts["a long limit"] == 1, timeout=60)
+    long_limit = await in_flight(server, backend, "a long limit", 60.0)
     (short,) = await ab.gather(
         backend, [chat("a short limit", max_tokens=32)], timeout=ab.Timeouts(idle=IDLE), retry=ONCE
     )
@@ -95,36 +98,27 @@ async def test_a_shorter_idle_limit_joining_a_longer_one_is_probed_in_time(make:
 
 
 @pytest.mark.asyncio
-async def test_an_attempt_cut_by_its_total_ends_its_exchange_and_is_retried(make: Make) -> None:
-    # The first attempt hangs on the server; the run's total cuts it while it waits inside the watch.
+@pytest.mark.parametrize(
+    "timeout",
+    [
+        pytest.param(ab.Timeouts(idle=IDLE), id="no-sign-of-life-for-idle"),
+        # The run's total cuts the attempt while it waits inside the watch.
+        pytest.param(ab.Timeouts(total=3.0, idle=60.0), id="cut-by-its-total"),
+    ],
+)
+async def test_an_attempt_on_a_frozen_server_is_retried_and_its_exchange_closed(
+    make: Make, timeout: ab.Timeouts
+) -> None:
+    # The first attempt hangs on the server, and /health with it.
     server, backend = await vllm_like(make, sick_attempts=1)
     metrics = ab.RunMetrics()
     (result,) = await ab.gather(
-        backend,
-        [chat("cut by its total", max_tokens=32)],
-        timeout=ab.Timeouts(total=3.0, idle=60.0),
-        retry=FAST,
-        metrics=metrics,
-    )
-    assert result.text == "cut by its total" and server.attempts["cut by its total"] == 2
-    assert metrics.retries == 1 and metrics.retried_errors == {"BackendTimeoutError": 1}
-    assert server._sick == 0  # the hung exchange was closed, not left behind
-
-
-@pytest.mark.asyncio
-async def test_a_server_that_stops_answering_its_health_is_retried(make: Make) -> None:
-    server, backend = await vllm_like(make, sick_attempts=1)
-    metrics = ab.RunMetrics()
-    (result,) = await ab.gather(
-        backend,
-        [chat("a frozen server", max_tokens=32)],
-        timeout=ab.Timeouts(idle=IDLE),
-        retry=FAST,
-        metrics=metrics,
+        backend, [chat("a frozen server", max_tokens=32)], timeout=timeout, retry=FAST, metrics=metrics
     )
     assert result.text == "a frozen server"
     assert server.attempts["a frozen server"] == 2 and server.answers == {"whole": 1}
     assert metrics.retries == 1 and metrics.retried_errors == {"BackendTimeoutError": 1}
+    await until(lambda: server._sick == 0)  # the hung exchange was closed, not left behind
 
 
 @pytest.mark.asyncio
@@ -144,10 +138,7 @@ async def test_the_idle_error_names_the_health_check_and_is_retryable(make: Make
 @pytest.mark.asyncio
 async def test_closing_the_backend_ends_a_watched_answer_and_its_probe(make: Make) -> None:
     server, backend = await vllm_like(make, sick_attempts=1)
-    task = asyncio.ensure_future(
-        ab.gather(backend, [chat("closed under it", max_tokens=32)], timeout=ab.Timeouts(idle=60.0))
-    )
-    await until(lambda: server.attempts["closed under it"] == 1, timeout=60)
+    task = await in_flight(server, backend, "closed under it", 60.0)
     probe = backend._health._probe
     assert probe is not None and not probe.done()
     await backend.aclose()
