@@ -1,16 +1,16 @@
-"""`all_or_nothing`: run awaitables together as one unit; the first failure cancels the rest.
+"""`all_or_nothing` runs awaitables as one unit; `read_outcome` reads a task's outcome nobody may await.
 
-Used wherever one logical operation fans out inside the library: `gather`'s worker pool, an adapter's
-n-sample fan-out, the windows of one rolling loglikelihood.
+`all_or_nothing` is used wherever one logical operation fans out inside the library: `gather`'s worker
+pool, an adapter's n-sample fan-out, the windows of one rolling loglikelihood.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["all_or_nothing"]
+__all__ = ["all_or_nothing", "read_outcome"]
 
 T = TypeVar("T")
 
@@ -40,3 +40,12 @@ async def all_or_nothing(awaitables: Sequence[Awaitable[T]]) -> list[T]:
     if first is not None:
         raise first
     return [t.result() for t in tasks]
+
+
+def read_outcome(task: asyncio.Future[Any]) -> None:
+    """A done callback reading ``task``'s exception, so asyncio never logs it as "never retrieved".
+
+    For a task whose awaiters may all have left before it failed (``task.add_done_callback(read_outcome)``).
+    """
+    if not task.cancelled():
+        task.exception()

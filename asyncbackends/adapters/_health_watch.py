@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from .._tasks import read_outcome
 from ..errors import BackendTimeoutError
 from ._http import HTTPTransport
 
@@ -58,7 +59,7 @@ class HealthWatch:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(exchange)
         # Its outcome may go unread (abandoned, or failing as this watch is cancelled): read it anyway.
-        task.add_done_callback(_discard)
+        task.add_done_callback(read_outcome)
         start = loop.time()
         sooner = not self._idles or idle < min(self._idles)
         self._idles.append(idle)
@@ -124,8 +125,3 @@ class HealthWatch:
 async def _stopped(probe: asyncio.Task[None]) -> None:
     probe.cancel()
     await asyncio.gather(probe, return_exceptions=True)
-
-
-def _discard(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()

@@ -18,6 +18,7 @@ import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from ..._tasks import read_outcome
 from ...errors import BackendError
 
 __all__ = ["ChoiceGroups", "SendGroup", "TokenScores"]
@@ -64,7 +65,9 @@ class ChoiceGroups:
             group = _Group()
             self._open[prompt] = group
             group.task = asyncio.get_running_loop().create_task(self._gathered(prompt, group))
-            group.task.add_done_callback(_retrieve)
+            # Every member may have left before the group failed: its error must not be logged as never
+            # retrieved.
+            group.task.add_done_callback(read_outcome)
         group.tokens[token] = None
         group.members += 1
         assert group.task is not None
@@ -96,9 +99,3 @@ class ChoiceGroups:
     def _close(self, prompt: tuple[int, ...], group: _Group) -> None:
         if self._open.get(prompt) is group:
             del self._open[prompt]
-
-
-def _retrieve(task: asyncio.Task[TokenScores]) -> None:
-    # Every member may have left before the group failed: its error must not be logged as never retrieved.
-    if not task.cancelled():
-        task.exception()
