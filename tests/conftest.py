@@ -14,7 +14,7 @@ import asyncbackends as ab
 from asyncbackends.adapters.mock import MockBackend
 
 SHARED_SETUP_TIMEOUT = 600
-"""Seconds the first test to use a shared fixture may take (pytest.ini's 120 s for the others)."""
+"""Seconds the first test to use a shared fixture may take (pyproject.toml's 120 s for the others)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,10 +29,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seen: set[tuple[object, ...]] = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures an item uses
+        if info is None:
+            continue
         callspec = getattr(item, "callspec", None)
         first = False
-        for name in info.names_closure if info is not None else ():
-            defs = info.name2fixturedefs.get(name) if info is not None else None
+        for name in info.names_closure:
+            defs = info.name2fixturedefs.get(name)
             if not defs or defs[-1].scope == "function":
                 continue
             scope = defs[-1].scope
@@ -44,6 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if key not in seen:
                 seen.add(key)
                 first = True
+        # A test with a timeout of its own keeps it (its fixtures still count as set up by it).
         if first and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SHARED_SETUP_TIMEOUT))
 
