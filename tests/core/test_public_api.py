@@ -56,6 +56,10 @@ PUBLIC_PACKAGES = ("asyncbackends.adapters.", "asyncbackends.integrations.", "as
 FACADES = {
     "asyncbackends",
     "asyncbackends.abc",
+    "asyncbackends.adapters.endpoints",
+    "asyncbackends.adapters.openai",
+    "asyncbackends.adapters.ray",
+    "asyncbackends.adapters.tgi",
     "asyncbackends.adapters.vllm",
     "asyncbackends.testing",
     "asyncbackends.testing.contract",

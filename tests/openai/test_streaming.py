@@ -10,7 +10,7 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._timeouts import DEFAULT_IDLE
-from asyncbackends.adapters._openai_wire import completion_payload, parse_completions
+from asyncbackends.adapters.openai._wire import completion_payload, parse_completions
 
 from .conftest import Make
 

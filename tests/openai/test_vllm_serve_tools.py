@@ -90,7 +90,7 @@ def test_the_exchange_is_openais_wire_format(served: Served, backend: OpenAIBack
     from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
     from pydantic import TypeAdapter
 
-    from asyncbackends.adapters._openai_wire import completion_payload, parse_completions
+    from asyncbackends.adapters.openai._wire import completion_payload, parse_completions
 
     payload = completion_payload(served.model, TOOLS[case], vllm=True)
     TypeAdapter(CompletionCreateParamsNonStreaming).validate_python(payload)

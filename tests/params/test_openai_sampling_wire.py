@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters._openai_wire import capabilities, completion_payload
 from asyncbackends.adapters.openai import OpenAIBackend
+from asyncbackends.adapters.openai._wire import capabilities, completion_payload
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 ALL = {

@@ -16,7 +16,8 @@ import pytest
 import asyncbackends as ab
 from asyncbackends._sampling_table import OPTIONAL_SPECS, SAMPLING_TABLE, SPECS, SamplingParamSpec
 from asyncbackends._types import OPTIONAL_SAMPLING_PARAMS, GenerationRequest
-from asyncbackends.adapters import _openai_wire, _tgi_wire
+from asyncbackends.adapters.openai import _wire as _openai_wire
+from asyncbackends.adapters.tgi import _wire as _tgi_wire
 from asyncbackends.testing.openapi import load_spec
 
 # A value of each core parameter unlike its default; sampling (temperature 0.25) around it, so n > 1 and the

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ACTOR_PROCESS = """
 import os, subprocess, sys
-from asyncbackends.adapters._ray_actor import ReplicaActor
+from asyncbackends.adapters.ray._actor import ReplicaActor
 
 ReplicaActor(0)  # what Ray runs first in the actor's worker process
 print("printed")

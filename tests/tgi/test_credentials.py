@@ -10,7 +10,7 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._cache import backend_fingerprint
-from asyncbackends.adapters._credentials import is_huggingface_url, is_secret_header
+from asyncbackends.adapters._http.credentials import is_huggingface_url, is_secret_header
 from asyncbackends.adapters.tgi import TGIBackend
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 

@@ -10,7 +10,12 @@ import aiohttp
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters._http import HTTPTransport, error_for_status, error_message, parse_retry_after
+from asyncbackends.adapters._http.transport import (
+    HTTPTransport,
+    error_for_status,
+    error_message,
+    parse_retry_after,
+)
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
 from .conftest import MakeBackend, MakeServer, fast_retry

@@ -15,7 +15,7 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._timeouts import DEFAULT_IDLE
-from asyncbackends.adapters._tgi_wire import generate_payload, parse_generate
+from asyncbackends.adapters.tgi._wire import generate_payload, parse_generate
 from asyncbackends.testing.fake_tgi import Limits
 
 from .conftest import MakeBackend, MakeServer, fast_retry

@@ -21,7 +21,7 @@ import binascii
 import re
 
 from ..._chat import image_digest
-from ...adapters._tgi_wire import MARKDOWN_IMAGE
+from ...adapters.tgi._wire import MARKDOWN_IMAGE
 from .validation import WireError
 
 __all__ = ["image_name", "read_images"]

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from .._protocol import Secret
-from ..errors import (
+from ..._protocol import Secret
+from ...errors import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
@@ -24,7 +24,7 @@ from ..errors import (
     InvalidRequestError,
     RequestRejectedError,
 )
-from ._http import HTTPTransport, error_for_status, poll_until_ok
+from .._http.transport import HTTPTransport, error_for_status, poll_until_ok
 
 __all__ = ["BACKEND", "ON_CLOSE", "OnClose", "in_thread"]
 

@@ -24,22 +24,22 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .._capabilities import refuse_unclaimed_chat
-from .._loop import register_exit_hook
-from .._protocol import BaseBackend, Secret
-from .._types import (
+from ..._capabilities import refuse_unclaimed_chat
+from ..._loop import register_exit_hook
+from ..._protocol import BaseBackend, Secret
+from ..._types import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ..errors import InvalidRequestError
-from ._credentials import resolve_token
-from ._endpoints_lifecycle import ON_CLOSE, Lifecycle, OnClose
-from ._reasoning_tags import check_reasoning_tags
-from .openai import OpenAIBackend
-from .tgi import TGIBackend
+from ...errors import InvalidRequestError
+from .._http.credentials import resolve_token
+from .._reasoning_tags import check_reasoning_tags
+from ..openai._backend import OpenAIBackend
+from ..tgi._backend import TGIBackend
+from ._lifecycle import ON_CLOSE, Lifecycle, OnClose
 
 __all__ = ["EndpointsBackend"]
 

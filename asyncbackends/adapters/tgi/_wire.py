@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._sampling_table import OPTIONAL_SPECS, SPECS
-from .._types import Completion, GenerationRequest, ToolCall
-from ..errors import InvalidRequestError
+from ..._sampling_table import OPTIONAL_SPECS, SPECS
+from ..._types import Completion, GenerationRequest, ToolCall
+from ...errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",

@@ -17,9 +17,9 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..errors import BackendBrokenError, BackendUnavailableError
-from ._ray_actor import ReplicaActor
-from ._ray_slot import Started
+from ...errors import BackendBrokenError, BackendUnavailableError
+from ._actor import ReplicaActor
+from ._slot import Started
 
 __all__ = ["Spawn", "spawner", "start_all"]
 

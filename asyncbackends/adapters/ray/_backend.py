@@ -7,7 +7,7 @@ backend = ab.create_backend(
 )
 ```
 
-Each replica is a `ReplicaActor` (`_ray_actor`) hosting the backend named by ``backend``, built inside the
+Each replica is a `ReplicaActor` (`_actor`) hosting the backend named by ``backend``, built inside the
 actor through the registry (built-ins and third-party entry points alike) with ``options``. Requests are
 routed by the project's one router (`asyncbackends._routing.router.Router`, as in a pool: load, health,
 cool-down, failover, affinity), each actor a replica whose readiness probe is the actor's liveness plus the
@@ -39,15 +39,15 @@ from typing import Any, Literal
 
 from ray.util.placement_group import PlacementGroup
 
-from .._loop import get_loop_manager
-from .._routing._routed import RoutedBackend
-from .._routing.replica import ReplicaStats
-from .._routing.router import Replica, Router
-from .._types import Capabilities, Request
-from ..errors import BackendUnavailableError, InvalidRequestError
-from ._ray_cluster import Cluster, bundle_for, connect, release, reserve
-from ._ray_slot import ActorSlot
-from ._ray_start import Spawn, spawner, start_all
+from ..._loop import get_loop_manager
+from ..._routing._routed import RoutedBackend
+from ..._routing.replica import ReplicaStats
+from ..._routing.router import Replica, Router
+from ..._types import Capabilities, Request
+from ...errors import BackendUnavailableError, InvalidRequestError
+from ._cluster import Cluster, bundle_for, connect, release, reserve
+from ._slot import ActorSlot
+from ._start import Spawn, spawner, start_all
 
 __all__ = ["RayBackend"]
 

@@ -7,7 +7,7 @@ starts, every exchange ends in `BackendClosedError` and no session is opened aga
 request and returns status, headers and body; it never retries (`gather` does). The helpers
 below map HTTP statuses, ``Retry-After`` and aiohttp's exceptions onto the library's error tree, so every
 HTTP adapter reports the same failure the same way. Credentials (the bearer token, any header whose name
-suggests a secret, ``user:password@`` in the URL) live in `Secret` values (`_credentials`), are written into
+suggests a secret, ``user:password@`` in the URL) live in `Secret` values (`credentials`), are written into
 the session's default headers only, and never appear in a message, repr, log or fingerprint.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 
 import aiohttp
 
-from .._clock import held_slot
-from .._field_checks import is_number
-from .._protocol import Secret
-from ..errors import (
+from ..._clock import held_slot
+from ..._field_checks import is_number
+from ..._protocol import Secret
+from ...errors import (
     AuthenticationError,
     BackendClosedError,
     BackendError,
@@ -39,8 +39,8 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from ._credentials import split_headers, split_url_credentials
-from ._lengths import says_context_length
+from .._lengths import says_context_length
+from .credentials import split_headers, split_url_credentials
 
 __all__ = [
     "HTTPResponse",

@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .._protocol import Secret
-from ..errors import InvalidRequestError
+from ..._protocol import Secret
+from ...errors import InvalidRequestError
 
 __all__ = [
     "HUGGINGFACE_DOMAINS",

@@ -21,9 +21,9 @@ import contextvars
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from .._tasks import read_outcome
-from ..errors import BackendTimeoutError
-from ._http import HTTPTransport
+from ..._tasks import read_outcome
+from ...errors import BackendTimeoutError
+from .transport import HTTPTransport
 
 __all__ = ["HealthWatch"]
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from ..errors import BackendUnavailableError, InvalidRequestError
+from ...errors import BackendUnavailableError, InvalidRequestError
 
 __all__ = ["Cluster", "bundle_for", "connect", "reserve"]
 

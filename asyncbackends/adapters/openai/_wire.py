@@ -29,9 +29,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .._sampling_table import OPTIONAL_SPECS
-from .._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
-from ._scoring import ScoringPlan
+from ..._sampling_table import OPTIONAL_SPECS
+from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
+from .._scoring import ScoringPlan
 
 __all__ = [
     "VLLM_SERVER_ONLY",

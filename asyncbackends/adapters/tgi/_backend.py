@@ -25,7 +25,7 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
 sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). Text prompts
 are generated through ``POST /generate_stream`` and the events put back into ``/generate``'s answer
-(`_streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; scoring and
+(`_http.streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; scoring and
 tokenizing are short and bounded by it as a whole; the chat route is not streamed (``total`` alone bounds
 it). Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError` (a length error:
 `ContextLengthError`), 429 ->
@@ -41,12 +41,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
-from .._protocol import BaseBackend, Secret
-from .._tasks import all_or_nothing
-from .._text import split_trailing_space
-from .._timeouts import idle_timeout
-from .._types import (
+from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from ..._protocol import BaseBackend, Secret
+from ..._tasks import all_or_nothing
+from ..._text import split_trailing_space
+from ..._timeouts import idle_timeout
+from ..._types import (
     Capabilities,
     Completion,
     GenerationRequest,
@@ -54,15 +54,16 @@ from .._types import (
     LoglikelihoodRequest,
     LoglikelihoodResult,
 )
-from ..errors import (
+from ...errors import (
     AuthenticationError,
     BackendError,
     ContextLengthError,
     InvalidRequestError,
     RequestRejectedError,
 )
-from ._credentials import resolve_token
-from ._http import (
+from .._http.credentials import resolve_token
+from .._http.streams import assemble_generate, sse_events, stream_error
+from .._http.transport import (
     HTTPResponse,
     HTTPTransport,
     error_for_status,
@@ -70,9 +71,8 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
-from ._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
-from ._streams import assemble_generate, sse_events, stream_error
-from ._tgi_wire import (
+from .._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
+from ._wire import (
     DEFAULT_PAYLOAD_LIMIT,
     HONOURED,
     NOT_ON_CHAT,
@@ -86,7 +86,7 @@ from ._tgi_wire import (
     parse_chat,
     parse_generate,
 )
-from ._tgi_wire import (
+from ._wire import (
     TGIInfo as TGIInfo,
 )
 
@@ -261,7 +261,7 @@ class TGIBackend(BaseBackend):
         Raises:
             BackendError: The mapped error of any other answer, or of a failed connection.
         """
-        from ._http import error_for_status
+        from .._http.transport import error_for_status
 
         self._check_open()
         resp = await self._http.request("GET", "/health")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._tasks import all_or_nothing
-from .._timeouts import idle_timeout
-from .._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
-from ..errors import BackendError, ContextLengthError, RequestRejectedError
-from ._http import HTTPResponse, HTTPTransport
-from ._openai_wire import echo_payload, parse_echo
-from ._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
+from ..._tasks import all_or_nothing
+from ..._timeouts import idle_timeout
+from ..._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
+from ...errors import BackendError, ContextLengthError, RequestRejectedError
+from .._http.transport import HTTPResponse, HTTPTransport
+from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
+from ._wire import echo_payload, parse_echo
 
 __all__ = ["VLLMServerScoring"]
 

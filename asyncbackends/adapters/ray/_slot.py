@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import NodeDiedError, RayActorError, RayTaskError, WorkerCrashedError
 
-from .._types import (
+from ..._types import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
@@ -30,7 +30,7 @@ from .._types import (
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
 )
-from ..errors import AsyncBackendsError, BackendBrokenError, BackendError, BackendUnavailableError
+from ...errors import AsyncBackendsError, BackendBrokenError, BackendError, BackendUnavailableError
 
 __all__ = ["ActorSlot", "ReplicaLostError", "Started"]
 

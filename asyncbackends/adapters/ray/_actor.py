@@ -21,10 +21,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from .._loop import get_loop_manager
-from .._protocol import AsyncBackend
-from .._registry import acreate_backend
-from ..errors import AsyncBackendsError, BackendError, BackendUnavailableError
+from ..._loop import get_loop_manager
+from ..._protocol import AsyncBackend
+from ..._registry import acreate_backend
+from ...errors import AsyncBackendsError, BackendError, BackendUnavailableError
 
 __all__ = ["ReplicaActor", "Reply"]
 
@@ -102,7 +102,7 @@ class ReplicaActor:
             return False, BackendError(f"Ray replica {self.replica} cannot run {method!r}", backend="ray")
         function = getattr(backend, method, None)
         if function is None:
-            from ..errors import RequestRejectedError
+            from ...errors import RequestRejectedError
 
             return False, RequestRejectedError(
                 f"backend {self._name!r} does not support {method}",

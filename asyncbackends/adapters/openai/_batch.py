@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 
-from .._batch import BatchLimits, BatchLine, BatchStatus
-from .._types import GenerationRequest, GenerationResult
-from ..errors import BackendError, BackendTimeoutError, RequestRejectedError
-from ._http import HTTPResponse, HTTPTransport, error_from_exception
-from ._openai_wire import completion_payload
+from ..._batch import BatchLimits, BatchLine, BatchStatus
+from ..._types import GenerationRequest, GenerationResult
+from ...errors import BackendError, BackendTimeoutError, RequestRejectedError
+from .._http.transport import HTTPResponse, HTTPTransport, error_from_exception
+from ._wire import completion_payload
 
 __all__ = ["OpenAIBatches"]
 

@@ -20,7 +20,7 @@ answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather t
 whole instead: requests offering tools (a server's tool parser may stream calls differently) and a vLLM
 server's chats (its reasoning parser splits a streamed thought otherwise than a whole one on some outputs; the
 whole split is the in-process ``vllm`` adapter's), where the idle limit becomes one on the server's
-``GET /health`` (`_health_watch`). Scoring requests are short and bounded by the idle limit as a whole. A
+``GET /health`` (`HealthWatch`). Scoring requests are short and bounded by the idle limit as a whole. A
 length refusal (OpenAI's ``context_length_exceeded``, vLLM serve's "maximum context length") is a
 `ContextLengthError`.
 
@@ -39,19 +39,20 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .._batch import BatchLimits
-from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
-from .._protocol import BaseBackend, Secret
-from .._timeouts import idle_timeout
-from .._types import (
+from ..._batch import BatchLimits
+from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
+from ..._protocol import BaseBackend, Secret
+from ..._timeouts import idle_timeout
+from ..._types import (
     Completion,
     GenerationRequest,
     GenerationResult,
 )
-from ..errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
-from ._credentials import split_url_credentials
-from ._health_watch import HealthWatch
-from ._http import (
+from ...errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
+from .._http.credentials import split_url_credentials
+from .._http.health_watch import HealthWatch
+from .._http.streams import assemble_openai, sse_events, stream_error
+from .._http.transport import (
     HTTPResponse,
     HTTPTransport,
     error_for_status,
@@ -59,15 +60,14 @@ from ._http import (
     malformed_response,
     poll_until_ok,
 )
-from ._openai_batch import OpenAIBatches
-from ._openai_scoring import VLLMServerScoring
-from ._openai_wire import (
+from ._batch import OpenAIBatches
+from ._scoring import VLLMServerScoring
+from ._wire import (
     VLLM_SERVER_ONLY,
     capabilities,
     completion_payload,
     parse_completions,
 )
-from ._streams import assemble_openai, sse_events, stream_error
 
 __all__ = ["OpenAIBackend"]
 
@@ -362,7 +362,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         """``payload`` sent with ``stream: true``, its chunks assembled into the answer sent whole.
 
         Streamed so that the idle limit (``ab.Timeouts.idle``) bounds each wait for a token rather than the
-        whole generation; the chunks are put back into the non-streamed body (`_streams.assemble_openai`),
+        whole generation; the chunks are put back into the non-streamed body (`assemble_openai`),
         which is parsed as usual.
         """
         payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
