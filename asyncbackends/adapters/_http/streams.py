@@ -16,31 +16,42 @@ inside the stream is returned by `stream_error` for the adapter to map.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["assemble_generate", "assemble_openai", "sse_events", "stream_error"]
 
+# The SSE spec's end of line: CRLF, a lone LF or a lone CR, and nothing else.
+_SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
 
 def sse_events(body: bytes) -> list[Any]:
     """The JSON payloads of a server-sent event stream's ``data`` fields, ``[DONE]`` left out.
 
+    Lines end at CR, LF or CRLF only, as the SSE spec says (HTML, "Interpreting an event stream"): not at
+    the other line breaks `str.splitlines` knows (U+2028, U+2029, U+0085, form feeds...), which servers
+    write raw inside the JSON strings of an answer. A leading byte-order mark is dropped; a last event the
+    stream ends without a blank line after is kept (a server that closes right after its last line).
+
     Raises:
-        ValueError: A data field that is not JSON.
+        ValueError: A body that is not UTF-8, or a data field that is not JSON.
     """
+    text = body.decode("utf-8")
     events: list[Any] = []
     data: list[str] = []
-    for raw in [*body.decode("utf-8").splitlines(), ""]:
-        if not raw:  # a blank line ends an event
+    for line in [*_SSE_LINE_END.split(text.removeprefix("\ufeff")), ""]:
+        if not line:  # a blank line ends an event
             if data:
-                text = "\n".join(data)
-                if text.strip() != "[DONE]":
-                    events.append(json.loads(text))
+                payload = "\n".join(data)
+                if payload.strip() != "[DONE]":
+                    events.append(json.loads(payload))
                 data = []
-        elif raw.startswith("data:"):
-            value = raw[5:]
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":  # a line "data" without a colon is the field with an empty value
             data.append(value[1:] if value.startswith(" ") else value)
-        # Comments (":"), event names and ids carry nothing the answer needs.
+        # Comments (":"), event names, ids and retry times carry nothing the answer needs.
     return events
 
 
