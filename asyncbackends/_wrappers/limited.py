@@ -111,14 +111,14 @@ class LimitedBackend(Closing):
             async with waiting_for_slot():
                 await self._rates.take(request)
         if self.timeout is not None:
-            call = self._timed(call, self.timeout)
+            call = self._timed(call, self.timeout, request.request_id)
         if self._limiter is not None:
             return await self._adaptively(self._limiter, call)
         async with held_slot(self._slots):
             return await call()
 
     def _timed(
-        self, call: Callable[[], Coroutine[Any, Any, R]], timeouts: Timeouts
+        self, call: Callable[[], Coroutine[Any, Any, R]], timeouts: Timeouts, request_id: str | None
     ) -> Callable[[], Coroutine[Any, Any, R]]:
         """``call`` within the wrapper's timeouts, the run's own (tighter ones win) still applying."""
 
@@ -128,12 +128,19 @@ class LimitedBackend(Closing):
             try:
                 if timeouts.total is None:
                     return await call()
+                deadline = asyncio.timeout(timeouts.total)
                 try:
-                    async with asyncio.timeout(timeouts.total):
+                    async with deadline:
                         return await call()
                 except TimeoutError as exc:
+                    if not deadline.expired():
+                        # The backend's own timeout (an idle stall, an HTTP 408): its message and
+                        # request id are the ones to keep.
+                        raise
                     raise BackendTimeoutError(
-                        f"took longer than the limited backend's {timeouts.total:g} s", backend=self.name
+                        f"took longer than the limited backend's {timeouts.total:g} s",
+                        backend=self.name,
+                        request_id=request_id,
                     ) from exc
             finally:
                 if token is not None:

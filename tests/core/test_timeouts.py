@@ -91,10 +91,34 @@ def test_limited_sets_its_own_limits_and_the_tighter_one_wins() -> None:
 @pytest.mark.asyncio
 async def test_limited_total_bounds_a_direct_call_from_when_it_holds_a_slot() -> None:
     shared = ab.limited(MockBackend(latency=5), concurrency=1, timeout=0.05)
-    with pytest.raises(BackendTimeoutError, match=r"longer than the limited backend's 0\.05 s"):
-        await shared.generate(ab.GenerationRequest("slow"))
+    with pytest.raises(BackendTimeoutError, match=r"longer than the limited backend's 0\.05 s") as raised:
+        await shared.generate(ab.GenerationRequest("slow", request_id="s-1"))
+    assert raised.value.request_id == "s-1"
     fast = ab.limited(MockBackend(latency=0), timeout=0.5)
     assert (await fast.generate(ab.GenerationRequest("quick"))).text == "quick"
+
+
+class OwnTimeout(BaseBackend):
+    """Fails every call with its own `BackendTimeoutError`, as an adapter reports an idle stall."""
+
+    name = "own-timeout"
+    capabilities = ab.Capabilities()
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        raise BackendTimeoutError("no data for 0.5 s (the idle timeout)", backend="x", request_id="r-7")
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        raise NotImplementedError
+
+
+@pytest.mark.asyncio
+async def test_limited_lets_the_backends_own_timeout_through_unchanged() -> None:
+    # Only the wrapper's own total is the wrapper's to name; a backend's timeout keeps its words and id.
+    shared = ab.limited(OwnTimeout(), concurrency=1, timeout=ab.Timeouts(total=60, idle=5))
+    with pytest.raises(BackendTimeoutError) as raised:
+        await shared.generate(ab.GenerationRequest("p", request_id="r-7"))
+    assert raised.value.request_id == "r-7" and raised.value.backend == "x"
+    assert str(raised.value).startswith("no data for 0.5 s (the idle timeout)")
 
 
 def test_limited_refuses_a_bad_timeout() -> None:
