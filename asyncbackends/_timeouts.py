@@ -62,7 +62,8 @@ class Timeouts:
             ``None`` for no limit. Enforced by the run for every adapter.
         idle: Seconds an attempt may wait for the next byte or token of its answer; ``None`` for no limit.
             Applied by adapters that read their answer as it comes (``tgi``, ``openai`` and ``endpoints``
-            stream generations; their short requests are bounded by it too); an adapter that cannot see
+            stream generations, or keep an answer asked whole by the server's ``GET /health``; their short
+            requests are bounded by it too); an adapter that cannot see
             progress (``vllm`` in-process, ``mock``, a third-party adapter that does not read
             ``asyncbackends.abc.idle_timeout``) is bounded by ``total`` alone.
 

@@ -88,9 +88,10 @@ class FakeTGIServer:
         drop_rate: Probability the connection is dropped without an answer.
         hang_rate: Probability it never answers (until the client gives up or the server stops).
         fail_attempts: Each input's first ``fail_attempts`` attempts fail with ``failure``.
-        failure: What those failures are: 429, 503, 424, 500, ``"drop"``, ``"hang"`` or ``"stall"`` (a
-            stream stops sending after ``stall_after`` tokens and never ends; a route that does not
-            stream hangs).
+        failure: What those failures are: 429, 503, 424, 500, ``"drop"``, ``"hang"``, ``"freeze"`` (a
+            hang that ``GET /health`` shares while it lasts, as TGI's does when a model shard is stuck in
+            a step: its router passes the health check on to the shards) or ``"stall"`` (a stream stops
+            sending after ``stall_after`` tokens and never ends; a route that does not stream hangs).
         token_interval: Seconds between two generated tokens: a stream sends each token when it is due, a
             route that does not stream answers once the last one is (a server generating at that pace).
         time_scale: Every wait of the server (latency, token interval) is multiplied by it, so a test plays
@@ -157,6 +158,9 @@ class FakeTGIServer:
         self.token_interval, self.time_scale, self.stall_after = token_interval, time_scale, stall_after
         self._slots: asyncio.Semaphore | None = None
         self.healthy = True
+        self.frozen = 0
+        """Attempts frozen now (``failure="freeze"``): ``/health`` does not answer while there is one."""
+        self._thawed: asyncio.Condition | None = None  # notified when a frozen attempt ends
         self._rng = random.Random(seed)
         self.attempts: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()  # inputs answered 200, by input
@@ -199,6 +203,7 @@ class FakeTGIServer:
     async def start(self) -> FakeTGIServer:
         """Start listening; `url` is valid afterwards."""
         self._stopping = asyncio.Event()
+        self._thawed = asyncio.Condition()
         self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         self._runner, self.port = await serve(self.app(), self.host, self.port)
         self._started = time.monotonic()
@@ -208,6 +213,9 @@ class FakeTGIServer:
         """Stop listening and drop every open connection (a server that goes away)."""
         if self._stopping is not None:
             self._stopping.set()
+        if self._thawed is not None:
+            async with self._thawed:
+                self._thawed.notify_all()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -281,6 +289,8 @@ class FakeTGIServer:
         """Maybe fail this attempt, as configured; then sleep the latency. True: the stream is to stall."""
         failure = choose_failure(self.attempts[key], self.fail_attempts, self.failure, self.rates, self._rng)
         stall: bool = failure == "stall"
+        if failure == "freeze":
+            await self._freeze()
         await fail("hang" if stall and not stream else None if stall else failure, request, self._stopping)
         delay = (self.latency + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)) * self.time_scale
         if self._slots is not None:
@@ -289,6 +299,19 @@ class FakeTGIServer:
         elif delay:
             await asyncio.sleep(delay)
         return stall
+
+    async def _freeze(self) -> None:
+        # Hangs until the client gives up (the handler is cancelled) or the server stops; /health with it.
+        assert self._stopping is not None
+        assert self._thawed is not None
+        self.frozen += 1
+        try:
+            await self._stopping.wait()
+        finally:
+            self.frozen -= 1
+            async with self._thawed:
+                self._thawed.notify_all()
+        raise asyncio.CancelledError
 
     def _validate(self, body: Any, *, stream: bool = False) -> ValidRequest:
         params = deserialize_parameters(body, extra={"stream": "bool", "add_special_tokens": "bool"})
@@ -443,6 +466,10 @@ class FakeTGIServer:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         self.paths["/health"] += 1
+        if self.frozen and self._thawed is not None and self._stopping is not None:
+            stopping = self._stopping
+            async with self._thawed:  # no answer while an attempt is frozen
+                await self._thawed.wait_for(lambda: not self.frozen or stopping.is_set())
         if self.healthy and time.monotonic() - self._started >= self.ready_after:
             self.statuses[200] += 1
             return web.Response(status=200)

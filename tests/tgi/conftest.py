@@ -6,6 +6,7 @@ teardown if any exchange broke it (tests that send invalid requests on purpose o
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -92,3 +93,10 @@ def noise_png(side: int) -> bytes:
     buffer = io.BytesIO()
     Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for a state the test needs, a counter the server keeps (a safety timeout, not a timing guess)."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110  (the state is a counter, not an event)
+            await asyncio.sleep(0.005)

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 import asyncbackends as ab
 from asyncbackends.adapters.tgi import TGIBackend
 
-from .conftest import MakeBackend, MakeServer, fast_retry
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for a state the test needs (a safety timeout, not a timing guess)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110  (the state is a counter the server bumps)
-            await asyncio.sleep(0.005)
+from .conftest import MakeBackend, MakeServer, fast_retry, until
 
 
 def generate(backend: TGIBackend, prompt: str) -> asyncio.Future[ab.GenerationResult]:

@@ -1,17 +1,20 @@
 """`HealthWatch`: the idle limit for answers a server sends whole, kept by asking it whether it lives.
 
-A vLLM server's chat answers are asked whole, because its reasoning and tool parsers split a streamed answer
-otherwise than a whole one on some outputs (vLLM's streaming parsers drop a lone end-of-thought token and the
-characters its detokenizer released with it). No byte of a whole answer arrives before the last, so the idle
-limit (``ab.Timeouts.idle``) cannot bound the wait for the next byte. Instead, while at least one such answer
-is awaited, one probe per backend asks ``GET /health`` every ``idle / 2`` seconds (the shortest limit of the
-answers in flight; a shorter one arriving starts the probe again); any answer below 500 is a sign of life
-(vLLM answers 503 once its engine died; a proxy without the route answers 404, which still shows the server
+Some answers are asked whole (`delivery`): a vLLM server's chats and tool requests, because its reasoning and
+tool parsers split a streamed answer otherwise than a whole one on some outputs (vLLM's streaming parsers drop
+a lone end-of-thought token and the characters its detokenizer released with it), and TGI's chats, whose
+streamed form (its tool calls above all) is not the whole answer in pieces. No byte of a whole answer arrives
+before the last, so the idle limit (``ab.Timeouts.idle``) cannot bound the wait for the next byte. Instead,
+while at least one such answer is awaited, one probe per backend asks ``GET /health`` (vLLM's, TGI's) every
+``idle / 2`` seconds (the shortest limit of the answers in flight; a shorter one arriving starts the probe
+again); any answer below 500 is a sign of life (vLLM answers 503 once its engine died, TGI 503 when its
+shards fail their health check; a proxy without the route answers 404, which still shows the server
 answers). An answer whose server gave no sign of life for ``idle`` seconds is abandoned with the same
 retryable `BackendTimeoutError` a stalled stream gets.
 
 What it cannot see: a server that answers its health check while one request makes no progress (vLLM
-schedules every request it holds, so a live engine does not leave one behind).
+schedules every request it holds, so a live engine does not leave one behind; TGI's router passes its
+health check on to its model shards, so a shard stuck in a step fails it too).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class HealthWatch:
 
     Args:
         http: The backend's transport, rooted where ``path`` is.
-        path: The health route (vLLM's ``/health``, at the server root).
+        path: The health route (vLLM's and TGI's ``/health``, at the server root).
     """
 
     def __init__(self, http: HTTPTransport, path: str = "/health") -> None:

@@ -15,12 +15,15 @@ server unlocks what the plain OpenAI API cannot do exactly:
   comes back with its logprob and the top-1 alternative (which says whether it is greedy);
 - generated token ids (``return_token_ids``) and ``top_k``.
 
-Generations are sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into the
-answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole generation. Sent
-whole instead: requests offering tools (a server's tool parser may stream calls differently) and a vLLM
-server's chats (its reasoning parser splits a streamed thought otherwise than a whole one on some outputs; the
-whole split is the in-process ``vllm`` adapter's), where the idle limit becomes one on the server's
-``GET /health`` (`HealthWatch`). Scoring requests are short and bounded by the idle limit as a whole. A
+How a generation is asked for is `_http.delivery`'s choice, the same for every HTTP adapter. Under an idle
+limit it is sent with ``stream: true`` (``stream_options.include_usage``) and the chunks put back into the
+answer sent whole, so ``ab.Timeouts.idle`` bounds each wait for a token rather than the whole generation. A
+vLLM server's chats and its requests offering tools are sent whole instead (its reasoning and tool parsers
+split a streamed answer otherwise than a whole one on some outputs; the whole split is the in-process
+``vllm`` adapter's), the idle limit kept by the server's ``GET /health`` (`HealthWatch`). Another server's
+requests offering tools are streamed all the same (the OpenAI API has no health route to watch them by):
+their tool calls are assembled from the chunks by index. Without an idle limit every answer is asked whole.
+Scoring requests are short and bounded by the idle limit as a whole. A
 length refusal (OpenAI's ``context_length_exceeded``, vLLM serve's "maximum context length") is a
 `ContextLengthError`.
 
@@ -42,7 +45,6 @@ from typing import Any, Literal
 from ..._batch import BatchLimits
 from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ..._protocol import BaseBackend, Secret
-from ..._timeouts import idle_timeout
 from ..._types import (
     Completion,
     GenerationRequest,
@@ -50,6 +52,7 @@ from ..._types import (
 )
 from ...errors import AuthenticationError, BackendError, InvalidRequestError, RequestRejectedError
 from .._http.credentials import split_url_credentials
+from .._http.delivery import ask
 from .._http.health_watch import HealthWatch
 from .._http.streams import assemble_openai, sse_events, stream_error
 from .._http.transport import (
@@ -315,18 +318,18 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             )
         payload = completion_payload(self.model, request, vllm=self.server == "vllm")
         path = "/chat/completions" if chat else "/completions"
-        idle, vllm = idle_timeout(), self.server == "vllm"
-        if idle is not None and not request.tools and not (chat and vllm):
-            body = await self._streamed(path, payload, rid, chat=chat)
-        elif idle is not None and vllm:
-            # A server parser's streamed split may differ from the whole answer's (tools, and vLLM's
-            # reasoning parsers): sent whole, the idle limit kept by the server's signs of life.
-            exchange = self._post(path, payload, rid)
-            body = await self._health.watch(exchange, idle, backend=self.name, request_id=rid)
-        else:
-            # Tools on another server: whole, bounded by the total timeout alone. Without an idle limit
-            # nothing needs the stream, and the whole answer is one body to read instead of a chunk a token.
-            body = await self._post(path, payload, rid)
+        vllm = self.server == "vllm"
+        body = await ask(
+            whole=lambda: self._post(path, payload, rid),
+            streamed=lambda idle: self._streamed(path, payload, rid, chat=chat, idle=idle),
+            # A server parser's streamed split may differ from the whole answer's: tools anywhere, and
+            # vLLM's reasoning parsers on its chats. A vLLM server is then watched by its GET /health; a
+            # generic one has no health route, and is streamed all the same (its tool calls assembled).
+            streams_exactly=not request.tools and not (chat and vllm),
+            watch=self._health if vllm else None,
+            backend=self.name,
+            request_id=rid,
+        )
         return self._result(request, body)
 
     def _refuse(self, request: GenerationRequest) -> None:
@@ -358,7 +361,9 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
 
     # -- wire ----------------------------------------------------------------------------------------
 
-    async def _streamed(self, path: str, payload: dict[str, Any], rid: str | None, *, chat: bool) -> Any:
+    async def _streamed(
+        self, path: str, payload: dict[str, Any], rid: str | None, *, chat: bool, idle: float
+    ) -> Any:
         """``payload`` sent with ``stream: true``, its chunks assembled into the answer sent whole.
 
         Streamed so that the idle limit (``ab.Timeouts.idle``) bounds each wait for a token rather than the
@@ -367,7 +372,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         """
         payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         resp = await self._http.request(
-            "POST", self._api + path, json_body=payload, request_id=rid, idle=idle_timeout()
+            "POST", self._api + path, json_body=payload, request_id=rid, idle=idle
         )
         if resp.status >= 300 or "text/event-stream" not in resp.headers.get("Content-Type", ""):
             return self._json(resp, rid)  # an error, or a server that answered whole all the same

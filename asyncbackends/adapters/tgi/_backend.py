@@ -23,12 +23,15 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 
 ``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
-sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). Text prompts
+sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). How a generation
+is asked for is `_http.delivery`'s choice, the same for every HTTP adapter. Under an idle limit, text prompts
 are generated through ``POST /generate_stream`` and the events put back into ``/generate``'s answer
-(`_http.streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; scoring and
-tokenizing are short and bounded by it as a whole; the chat route is not streamed (``total`` alone bounds
-it). Errors are mapped by `_http.error_for_status`: 422 -> `RequestRejectedError` (a length error:
-`ContextLengthError`), 429 ->
+(`_http.streams`), so ``ab.Timeouts.idle`` bounds each wait for a token, not the whole generation; chat
+prompts are asked whole (TGI's streamed chat, its tool calls above all, is not its whole answer in pieces)
+and the idle limit is kept by TGI's ``GET /health`` (`HealthWatch`: no sign of life for ``idle`` seconds
+abandons the answer, retryably). Without an idle limit every answer is asked whole. ``/info``, scoring and
+tokenizing are short and bounded by the idle limit as a whole. Errors are mapped by
+`_http.error_for_status`: 422 -> `RequestRejectedError` (a length error: `ContextLengthError`), 429 ->
 `RateLimitedError`, 503 -> `BackendUnavailableError`, 424 and other 5xx -> retryable `BackendError`.
 """
 
@@ -62,6 +65,8 @@ from ...errors import (
     RequestRejectedError,
 )
 from .._http.credentials import resolve_token
+from .._http.delivery import ask
+from .._http.health_watch import HealthWatch
 from .._http.streams import assemble_generate, sse_events, stream_error
 from .._http.transport import (
     HTTPResponse,
@@ -161,6 +166,7 @@ class TGIBackend(BaseBackend):
         self._info: TGIInfo | None = None
         self._unlearned = uuid.uuid4().hex  # the fingerprint's stand-in until /info has answered
         self._info_lock: asyncio.Lock | None = None
+        self._health = HealthWatch(self._http, "/health")
         self.capabilities = Capabilities(
             loglikelihood=True,
             is_greedy=False,
@@ -225,6 +231,7 @@ class TGIBackend(BaseBackend):
         return {"name": self.name, "url": self.url, **identity, **split}
 
     async def _aclose(self) -> None:
+        await self._health.aclose()
         await self._http.aclose()
 
     # -- server metadata -----------------------------------------------------------------------------
@@ -237,7 +244,8 @@ class TGIBackend(BaseBackend):
             self._info_lock = asyncio.Lock()
         async with self._info_lock:
             if self._info is None:
-                resp = await self._http.request("GET", "/info", request_id=request_id)
+                # Bounded by the idle limit as a whole, as every short request is.
+                resp = await self._http.request("GET", "/info", request_id=request_id, idle=idle_timeout())
                 if resp.status == 404:
                     self._info = TGIInfo()  # a proxy that hides /info: the server's own checks still apply
                 else:
@@ -334,41 +342,57 @@ class TGIBackend(BaseBackend):
             raise ContextLengthError(problem, backend=self.name, request_id=rid)
 
     async def _generate_once(self, request: GenerationRequest, seed: int | None) -> _Once:
-        # Streamed when an idle limit applies, so that it sees each token: a long generation that keeps
-        # producing is never cut. The events are assembled into /generate's answer and parsed as it is.
-        # Without an idle limit nothing needs the stream, and /generate costs the server and the client
-        # one body instead of an event a token (0.6x a bare loop's throughput streamed, at 20 ms a request).
+        # /generate and /generate_stream give the same answer (the events assembled into /generate's), so
+        # it is streamed whenever an idle limit applies: a long generation that keeps producing is never
+        # cut. Without one, /generate costs the server and the client one body instead of an event a token
+        # (0.6x a bare loop's throughput streamed, at 20 ms a request).
         rid = request.request_id
         payload = generate_payload(request, seed)
-        idle = idle_timeout()
-        if idle is None:
-            body, headers = await self._post("/generate", payload, request)
-            try:
-                completion = parse_generate(body, request.params)
-                prompt_tokens = int_header(headers, "x-prompt-tokens") or body["details"]["input_length"]
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                raise self._malformed(rid, exc) from exc
-            return completion, prompt_tokens, len(completion.token_ids)
+        body, headers = await ask(
+            whole=lambda: self._post("/generate", payload, request),
+            streamed=lambda idle: self._generate_streamed(payload, rid, idle),
+            streams_exactly=True,
+            watch=self._health,
+            backend=self.name,
+            request_id=rid,
+        )
+        try:
+            completion = parse_generate(body, request.params)
+            prompt_tokens = int_header(headers, "x-prompt-tokens") or body["details"]["input_length"]
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise self._malformed(rid, exc) from exc
+        return completion, prompt_tokens, len(completion.token_ids)
+
+    async def _generate_streamed(
+        self, payload: Any, rid: str | None, idle: float
+    ) -> tuple[Any, Mapping[str, str]]:
+        """``/generate_stream``'s events assembled into ``/generate``'s answer, and the response headers."""
         resp = await self._send("/generate_stream", payload, rid, idle=idle)
         if resp.status >= 300:
             raise error_for_status(resp.status, resp.body, resp.headers, backend=self.name, request_id=rid)
         try:
             events = sse_events(resp.body)
             failed = stream_error(events)
-            if failed is None:
-                body = assemble_generate(events)
-                completion = parse_generate(body, request.params)
+            body = assemble_generate(events) if failed is None else None
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise self._malformed(rid, exc) from exc
         if failed is not None:
             # A failure after the stream began: its error_type says what the status would have been.
             status = _STREAM_ERROR_STATUS.get(str(failed.get("error_type")), 500)
             raise error_for_status(status, json.dumps(failed), backend=self.name, request_id=rid)
-        prompt_tokens = int_header(resp.headers, "x-prompt-tokens") or body["details"]["input_length"]
-        return completion, prompt_tokens, len(completion.token_ids)
+        return body, resp.headers
 
     async def _chat_once(self, request: GenerationRequest, seed: int | None) -> _Once:
-        body, _ = await self._post("/v1/chat/completions", chat_payload(request, seed), request)
+        # Asked whole: TGI's streamed chat (its tool calls above all) is not its whole answer cut in
+        # pieces. Under an idle limit, TGI's GET /health keeps it (its shards answer it between steps).
+        body, _ = await ask(
+            whole=lambda: self._post("/v1/chat/completions", chat_payload(request, seed), request),
+            streamed=None,
+            streams_exactly=False,
+            watch=self._health,
+            backend=self.name,
+            request_id=request.request_id,
+        )
         try:
             completion, usage = parse_chat(body, request.params)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:

@@ -2,8 +2,8 @@
 
 A failure is 429 (TGI's "Model is overloaded"), 424 (failed during generation), 500 (incomplete
 generation), 503 (a proxy's plain-text answer), ``"drop"`` (the connection is aborted, no answer) or
-``"hang"`` (no answer until the server stops); ``"stall"`` is played by the server itself (a stream that
-stops sending midway).
+``"hang"`` (no answer until the server stops); ``"stall"`` (a stream that stops sending midway) and
+``"freeze"`` (a hang that ``GET /health`` shares) are played by the server itself.
 """
 
 from __future__ import annotations
