@@ -88,8 +88,71 @@ def test_limited_sets_its_own_limits_and_the_tighter_one_wins() -> None:
     assert "timeout=Timeouts(total=None, idle=5)" in repr(shared)
 
 
+class Gate(BaseBackend):
+    """Each prompt's call says when it has begun (its caller then holds a slot) and answers once let go."""
+
+    name = "gate"
+    capabilities = ab.Capabilities()
+
+    def __init__(self) -> None:
+        self.began: dict[str, asyncio.Event] = {}
+        self.let_go: dict[str, asyncio.Event] = {}
+
+    def events(self, prompt: str) -> tuple[asyncio.Event, asyncio.Event]:
+        return self.began.setdefault(prompt, asyncio.Event()), self.let_go.setdefault(prompt, asyncio.Event())
+
+    async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
+        began, let_go = self.events(str(request.prompt))
+        began.set()
+        await let_go.wait()
+        return ab.GenerationResult(request.request_id, (ab.Completion(str(request.prompt)),))
+
+    async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+        raise NotImplementedError
+
+
+def test_limited_total_counts_from_when_a_direct_call_holds_its_slot() -> None:
+    # "a" holds the only slot and is never let go: its own total cuts it. "b", called meanwhile, waits for
+    # the slot, gets it, and is let go only after a total counted from its call would have run out: it
+    # answers because its total counts from when it got the slot; a clock started at its call would have
+    # cut it. (Run on the shared loop, where the wrapper's slots live, so the gate's events and the calls
+    # share one loop. The one timed wait is the deadline a wrong clock would have: elapsed time is what
+    # is tested.)
+    total = 1.0
+    gate = Gate()
+    shared = ab.limited(gate, concurrency=1, timeout=total)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a = asyncio.ensure_future(shared.generate(ab.GenerationRequest("a", request_id="a")))
+        await gate.events("a")[0].wait()  # "a" holds the slot
+        called: list[float] = []
+
+        async def call_b() -> ab.GenerationResult:
+            # Read in the step that enters the wrapper: no later than any clock the call starts.
+            called.append(loop.time())
+            return await shared.generate(ab.GenerationRequest("b", request_id="b"))
+
+        b = asyncio.ensure_future(call_b())
+        began_b, let_go_b = gate.events("b")
+        # "b" holds the slot once "a" was cut by its own total, the only way it lets go (or "b" ended first).
+        holds = asyncio.ensure_future(began_b.wait())
+        await asyncio.wait([holds, b], return_when=asyncio.FIRST_COMPLETED)
+        assert holds.done() and not b.done(), b
+        with pytest.raises(BackendTimeoutError, match="longer than the limited backend's 1 s") as cut:
+            await a
+        assert cut.value.request_id == "a"
+        # A clock started at "b"'s call runs out at called + total: let that pass while "b" holds the slot.
+        await asyncio.sleep(called[0] + total + 0.05 - loop.time())
+        assert not b.done()
+        let_go_b.set()
+        assert (await b).text == "b"
+
+    ab.get_loop_manager().run(scenario())
+
+
 @pytest.mark.asyncio
-async def test_limited_total_bounds_a_direct_call_from_when_it_holds_a_slot() -> None:
+async def test_limited_total_bounds_a_direct_call() -> None:
     shared = ab.limited(MockBackend(latency=5), concurrency=1, timeout=0.05)
     with pytest.raises(BackendTimeoutError, match=r"longer than the limited backend's 0\.05 s") as raised:
         await shared.generate(ab.GenerationRequest("slow", request_id="s-1"))
