@@ -21,7 +21,7 @@ from ._cache import ResponseCache
 from ._limits import RateBuckets
 from ._observability.callbacks import RunCallbacks
 from ._observability.run_metrics import RunMetrics
-from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption, as_timeouts
+from ._timeouts import DEFAULT_TIMEOUTS, TimeoutOption, Timeouts, as_timeouts
 from .errors import InvalidRequestError, RateLimitedError
 
 __all__ = [
@@ -147,7 +147,9 @@ class RunOptions:
         retry: Retry policy for retryable errors; ``None`` means ``RetryPolicy()``.
         timeout: Per-attempt limits (`Timeouts`): by default no total and 120 s without a byte or token
             (a generation that streams runs as long as it produces); a plain number is a total alone
-            (waiting for a slot does not count); ``None`` for no limit at all.
+            (waiting for a slot does not count); ``None`` for no limit at all. Stored as the `Timeouts` it
+            means (``timeout=30`` reads back as ``Timeouts(total=30.0, idle=None)``), read typed through
+            `timeouts`.
         rate_limit: Client-side request and token rate limits, for this run alone.
         progress: Show a tqdm bar (``True``, or a ``str`` for its label).
         cache: A `ResponseCache` or a path to one (opened when the run starts, closed when it ends).
@@ -175,7 +177,8 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_limits(self.concurrency, self.rate_limit)
-        as_timeouts(self.timeout)
+        # Normalised once, here: whatever reads a run's options reads one Timeouts.
+        object.__setattr__(self, "timeout", as_timeouts(self.timeout))
         _check_type("retry", self.retry, RetryPolicy)
         _check_type("metrics", self.metrics, RunMetrics)
         _check_type("callbacks", self.callbacks, RunCallbacks)
@@ -190,14 +193,19 @@ class RunOptions:
             # The provider paces a batch (answered within its window, hours): a client-side bound on
             # requests in flight, per attempt or per second would bound nothing. The idle limit is left
             # alone (it is on by default); nothing in a batch run streams.
-            total = as_timeouts(self.timeout).total
             for name, value in (
                 ("concurrency", self.concurrency),
-                ("timeout", total),
+                ("timeout", self.timeouts.total),
                 ("rate_limit", self.rate_limit),
             ):
                 if value is not None:
                     raise InvalidRequestError(f"{name} has no meaning with batch=True (the provider paces)")
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """`timeout` as stored: the one `Timeouts` it was normalised to when these options were built."""
+        assert isinstance(self.timeout, Timeouts)
+        return self.timeout
 
 
 def check_limits(concurrency: Concurrency, rate_limit: RateLimit | None) -> AdaptiveConcurrency | None:

@@ -23,7 +23,7 @@ from ._observability.observe import RequestObserver, RunObserver, current_reques
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._tasks import all_or_nothing
-from ._timeouts import as_timeouts, set_idle_timeout
+from ._timeouts import set_idle_timeout
 from ._types import (
     Request,
     Result,
@@ -69,9 +69,8 @@ class Run:
         self.limiter: AdaptiveLimiter | None = None  # loop-bound: made when the run starts
         self.tickets: dict[AttemptClock, Ticket] = {}  # adaptive slots taken by workers, not yet used
         self.retry = options.retry or RetryPolicy()
-        timeouts = as_timeouts(options.timeout)
-        self.timeout = timeouts.total  # enforced here, by the sweeper
-        self.idle = timeouts.idle  # enforced by adapters that stream, read through `idle_timeout`
+        self.timeout = options.timeouts.total  # enforced here, by the sweeper
+        self.idle = options.timeouts.idle  # enforced by adapters that stream, read through `idle_timeout`
         self.cache_option = options.cache
         self.cache: ResponseCache | None = None
         self.return_exceptions = options.return_exceptions

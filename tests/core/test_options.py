@@ -196,7 +196,7 @@ def test_the_edge_values_are_accepted() -> None:
     options = RunOptions(
         concurrency=1, timeout=1e-9, progress="label", cache="c.sqlite", return_exceptions=True
     )
-    assert (options.concurrency, options.timeout, options.progress) == (1, 1e-9, "label")
+    assert (options.concurrency, options.timeout, options.progress) == (1, ab.Timeouts(1e-9, None), "label")
 
 
 def test_a_refused_value_is_named_in_the_message() -> None:

@@ -41,6 +41,15 @@ def test_defaults_and_what_a_plain_value_means() -> None:
     assert as_timeouts(None) == ab.Timeouts(total=None, idle=None)  # no limit at all, as before
 
 
+def test_run_options_store_the_one_timeouts_they_mean() -> None:
+    # Normalised once, when the options are built: the run reads a Timeouts, never a number or None.
+    assert ab.RunOptions(timeout=30).timeout == ab.Timeouts(total=30.0, idle=None)
+    assert ab.RunOptions(timeout=None).timeout == ab.Timeouts(total=None, idle=None)
+    given = ab.Timeouts(total=5, idle=7)
+    assert ab.RunOptions(timeout=given).timeout is given and ab.RunOptions(timeout=given).timeouts is given
+    assert ab.RunOptions(timeout=2.5).timeouts == ab.Timeouts(total=2.5, idle=None)
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [
