@@ -304,3 +304,42 @@ def test_any_answer_in_any_chunks_comes_back_whole(
     (completion,) = result.completions
     assert completion.text == "".join(tokens)
     assert completion.token_texts == tuple(tokens)  # every event read whole, none split or merged
+
+
+def tool_call_chunks(fragments: list[str]) -> list[dict[str, Any]]:
+    """A streamed tool call, as OpenAI's API reference gives it: the id, type and name in the first
+    ``delta.tool_calls`` fragment, the arguments' text spread over the following ones."""
+    base = {"id": "c", "created": 1, "model": "m", "object": "chat.completion.chunk"}
+
+    def delta(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": ""}}
+    return [
+        delta({"role": "assistant", "content": None, "tool_calls": [first]}),
+        *(delta({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}) for text in fragments),
+        delta({}, "tool_calls"),
+    ]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), fragments=st.lists(answer_text, min_size=1, max_size=8))
+def test_a_streamed_tool_call_in_any_chunks_comes_back_whole(
+    raw_server: tuple[str, Stream], backends: dict[str, Any], data: st.DataObject, fragments: list[str]
+) -> None:
+    # A generic server's tool requests are streamed under an idle limit (it has no health route to watch
+    # them by): the call's arguments, any text in any fragments, must come back exactly.
+    _, stream = raw_server
+    body = data.draw(event_stream(tool_call_chunks(fragments), done=True))
+    stream.chunks = data.draw(chunked(body))
+    tool = ab.Tool("add", "Add two integers.", {"type": "object", "properties": {}})
+    request = ab.GenerationRequest(({"role": "user", "content": "1+2?"},), tools=(tool,))
+    served = stream.served
+    (result,) = ab.run_batch(
+        backends["openai"], [request], timeout=ab.Timeouts(idle=60), retry=ab.RetryPolicy(max_attempts=1)
+    )
+    assert stream.served == served + 1
+    assert isinstance(result, ab.GenerationResult)
+    (completion,) = result.completions
+    assert completion.tool_calls == (ab.ToolCall("call_1", "add", "".join(fragments)),)
+    assert completion.finish_reason == "tool_calls"
