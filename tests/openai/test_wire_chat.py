@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion
-from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
 from pydantic import TypeAdapter
 
 import asyncbackends as ab
@@ -25,8 +28,10 @@ ADD = add_tool()
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 )
-# The OpenAI SDK's request type, validated strictly enough to reject a wrongly shaped tool or part.
+# The OpenAI SDK's request types, validated strictly enough to reject a wrongly shaped tool or part. A
+# generic server's tool requests are streamed under an idle limit (the default), whole without one.
 REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
+STREAMED = TypeAdapter(CompletionCreateParamsStreaming)
 
 
 def _answer(message: dict[str, Any], finish: str) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def _answer(message: dict[str, Any], finish: str) -> dict[str, Any]:
 
 def _sdk_valid(sent: dict[str, Any]) -> dict[str, Any]:
     # Pydantic validates the TypedDicts, unions included: a bad part or tool choice fails here.
-    REQUEST.validate_python(sent)
+    (STREAMED if sent.get("stream") else REQUEST).validate_python(sent)
     return sent
 
 
@@ -60,6 +65,7 @@ async def test_images_and_a_named_tool_go_as_openai_defines_them(stub: Stub, bac
     (result,) = await ab.gather(backend, [request])
     path, sent = stub.received[0]
     assert path == "/v1/chat/completions"
+    assert sent["stream"] is True  # a generic server's tool request, under the default idle limit
     _sdk_valid(sent)
     assert sent["messages"] == messages
     assert sent["tools"] == [
