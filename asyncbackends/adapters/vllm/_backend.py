@@ -500,12 +500,9 @@ class VLLMBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
-        chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
-        prompt: Any = (
-            await self._chat.render(request)
-            if chat
-            else translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
-        )
+        # A chat is rendered by the engine as `vllm serve` renders the same chat completions body (ChatPath).
+        chat = request.prompt_kind == "chat"
+        prompt: Any = await self._chat.render(request) if chat else translate_prompt(self.tokenizer, request)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
             empty = Completion("", (), () if params.logprobs else None, "length")
