@@ -102,8 +102,9 @@ class VLLMBackend(BaseBackend):
             ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
         allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
         reasoning_parser: vLLM's name of the reasoning parser (``deepseek_r1``, ``qwen3``, ...; the engine was
-            built with it): completions come back split into ``reasoning`` and the answer, as ``vllm serve
-            --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`).
+            built with it): a chat's completions come back split into ``reasoning`` and the answer, as ``vllm
+            serve --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`); a
+            text or token prompt's come back whole, as the server's ``/v1/completions`` returns them.
         restarts: Starts the engine again when it dies (`_restart`); ``None``: never.
     """
 
@@ -510,7 +511,9 @@ class VLLMBackend(BaseBackend):
             return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
         sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
         render = (lambda: self._chat.render(request)) if chat else None
-        if self._reasoning is None:
+        # Only a chat is split, as only `vllm serve`'s /v1/chat/completions applies the reasoning parser: its
+        # /v1/completions returns a text (or token) prompt's output whole, stop strings ending it anywhere.
+        if self._reasoning is None or not chat:
             output = await self._run(prompt, sampling, request.request_id, render)
             got = completions(output, logprobs=params.logprobs)
         else:  # the thinking apart from the answer, stop strings ending the answer only
