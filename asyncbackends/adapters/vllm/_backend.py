@@ -501,6 +501,16 @@ class VLLMBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
+        if params.max_tokens > self.max_model_len:
+            # `vllm serve` refuses it before anything else (its tokenization parameters); the engine alone
+            # would generate up to max_model_len. A smaller max_tokens than the prompt leaves room for is
+            # clamped to that room, as there (the engine stops at max_model_len: "length").
+            raise ContextLengthError(
+                f"vllm: max_tokens={params.max_tokens} cannot be greater than "
+                f"max_model_len={self.max_model_len}; ask for fewer output tokens",
+                backend=self.name,
+                request_id=request.request_id,
+            )
         # A chat is rendered by the engine as `vllm serve` renders the same chat completions body (ChatPath).
         chat = request.prompt_kind == "chat"
         prompt: Any = await self._chat.render(request) if chat else translate_prompt(self.tokenizer, request)
