@@ -338,7 +338,7 @@ class VLLMBackend(BaseBackend):
         restarts = EngineRestarts(engine, start=again, stop=stop_engine, max_restarts=max_restarts)
         restarts.label = label
         try:
-            return cls(
+            backend = cls(
                 engine,
                 model=model,
                 engine_args=engine_args,
@@ -347,9 +347,24 @@ class VLLMBackend(BaseBackend):
                 reasoning_parser=reasoning_parser,
                 restarts=restarts,
             )
+            await backend._warm_up()
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
+        return backend
+
+    async def _warm_up(self) -> None:
+        """Pay at the start what an engine's first request asking for logprobs pays (docs/adapters/vllm.md).
+
+        That request compiles vLLM's ``batched_count_greater_than`` (``torch.compile``, the sampled token's
+        rank), once per engine process: about 2.4 s on a quiet CPU, 5-12 s on a loaded one, while later
+        logprobs requests take 0.01 s. Every loglikelihood asks for logprobs, so without this the first one
+        of a run paid it; a plain generation does not. One token after the one-token prompt the scorer uses
+        for an empty context.
+        """
+        await self._run(
+            [self._stand_in], VLLMSamplingParams(max_tokens=1, logprobs=0, detokenize=False), None
+        )
 
     @property
     def fingerprint(self) -> dict[str, Any]:
