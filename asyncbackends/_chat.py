@@ -81,11 +81,13 @@ class Tool:
         name: The function's name (letters, digits, ``_`` and ``-``; at most 64), unique in a request.
         description: What it does, for the model.
         parameters: Its arguments as a JSON Schema object (``{"type": "object", "properties": {...}}``).
+        strict: OpenAI's ``strict`` flag, sent as given; ``None`` (the default) leaves it out.
     """
 
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.match(self.name):
@@ -108,6 +110,8 @@ class Tool:
             raise InvalidRequestError(
                 f"Tool.parameters.properties of {self.name!r} must map names to schemas"
             )
+        if self.strict is not None and not isinstance(self.strict, bool):
+            raise InvalidRequestError(f"Tool.strict of {self.name!r} must be a bool or None")
         required = self.parameters.get("required", [])
         if not isinstance(required, Sequence) or isinstance(required, str):
             raise InvalidRequestError(f"Tool.parameters.required of {self.name!r} must be a list of names")
@@ -116,13 +120,21 @@ class Tool:
         set_field(self, "parameters", json.loads(json.dumps(self.parameters)))
 
     def __hash__(self) -> int:
-        return hash((self.name, self.description, json.dumps(self.parameters, sort_keys=True)))
+        return hash((self.name, self.description, json.dumps(self.parameters, sort_keys=True), self.strict))
 
     def to_openai(self) -> dict[str, Any]:
-        """This tool as OpenAI's ``tools`` entry: ``{"type": "function", "function": {...}}``."""
-        function: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
+        """This tool as OpenAI's ``tools`` entry: ``{"type": "function", "function": {...}}``.
+
+        The function's keys in the order of OpenAI's and vLLM's models (name, description, parameters,
+        strict): a chat template that writes a tool given as this dict with ``tojson`` then writes what
+        ``vllm serve`` writes for a described tool.
+        """
+        function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
+        function["parameters"] = dict(self.parameters)
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
     @classmethod
@@ -146,6 +158,7 @@ class Tool:
             function.get("name"),  # type: ignore[arg-type]  # checked by Tool
             function.get("description") or "",
             function.get("parameters", {"type": "object", "properties": {}}),
+            function.get("strict"),
         )
 
 

@@ -165,6 +165,21 @@ def test_tools_in_openai_shape_are_read() -> None:
     assert hash(ab.Tool("f")) == hash(ab.Tool("f"))
 
 
+def test_a_tools_strict_flag_is_kept_and_its_keys_come_in_openais_order() -> None:
+    # OpenAI's FunctionDefinition, and vLLM's model of it, order name, description, parameters, strict: a chat
+    # template writing the tool with tojson sees that order (issue 53 item 1).
+    given = {
+        "type": "function",
+        "function": {"strict": True, "parameters": dict(ADD.parameters), "name": "add"},
+    }
+    tool = ab.GenerationRequest(_user({"type": "text", "text": "hi"}), tools=[given]).tools[0]
+    assert tool.strict is True and tool != ab.Tool("add", parameters=ADD.parameters)
+    assert list(tool.to_openai()["function"]) == ["name", "parameters", "strict"]
+    assert list(ADD.to_openai()["function"]) == ["name", "description", "parameters"]
+    with pytest.raises(ab.InvalidRequestError, match="strict"):
+        ab.Tool("f", strict="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,16 @@ CASES: dict[str, tuple[list[Any], tuple[ab.Tool, ...], str, dict[str, Any]]] = {
 }
 
 
+def _as_served(tools: tuple[ab.Tool, ...]) -> list[dict[str, Any]] | None:
+    """The tools as `vllm serve` hands them to the chat template: its pydantic tool model's ``model_dump()``
+    (name, description, parameters; unset fields as null), which the adapter renders too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
+    return [ChatCompletionToolsParam.model_validate(t.to_openai()).model_dump() for t in tools] or None
+
+
 @pytest.fixture(scope="module")
 def vlm() -> str:
     return str(build_tiny_vlm())
@@ -111,7 +122,7 @@ def _reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
     cases = [
         {
             "messages": messages,
-            "tools": [t.to_openai() for t in tools] or None,
+            "tools": _as_served(tools),
             "max_tokens": MAX_TOKENS,
             **structured,
         }
@@ -120,13 +131,13 @@ def _reference(vlm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
     cases.append(
         {
             "messages": CASES["tools_none"][0],
-            "tools": [ADD.to_openai()],
+            "tools": _as_served((ADD,)),
             "max_tokens": HERMES_MAX_TOKENS,
             "regex": HERMES_REGEX,
         }
     )
     # Issue 44 item 10's comparison: a named tool choice at 24 tokens, LLM.chat given the tools and not.
-    for tools in ([t.to_openai() for t in (ADD, ECHO)], None):
+    for tools in (_as_served((ADD, ECHO)), None):
         cases.append(
             {"messages": CASES["named"][0], "tools": tools, "max_tokens": 24, "json": ADD.parameters}
         )

@@ -65,3 +65,30 @@ def test_a_starting_engine_leaves_the_loop_serving_and_a_cancelled_start_leaves_
     # The session's engine was not disturbed.
     (ok,) = ab.run_batch(backend, [ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=2))])
     assert ok.completions[0].token_ids
+
+
+def test_a_new_engine_has_paid_its_first_logprobs_request_when_create_backend_returns(
+    make_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine's first request asking for logprobs pays a one-time cost in its engine core (seconds here;
+    # later ones 0.01 s), and every loglikelihood asks for logprobs: the start pays it, with one request of
+    # one token, so the first loglikelihood of a run does not (issue 53 item 14).
+    with warnings.catch_warnings():  # vLLM's import-time warnings, as in conftest.build_backend
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+    asked: list[Any] = []
+    add_request = AsyncLLM.add_request
+
+    async def seen(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(params)
+        return await add_request(self, request_id, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncLLM, "add_request", seen)
+    backend = make_backend()
+    try:
+        assert [(p.max_tokens, p.logprobs) for p in asked] == [(1, 0)]
+        (scored,) = ab.run_batch(backend, [ab.LoglikelihoodRequest("Paris is the capital of", " France")])
+        assert scored.logprob < 0 and len(asked) == 2
+    finally:
+        backend.close()

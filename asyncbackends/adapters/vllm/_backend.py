@@ -102,8 +102,9 @@ class VLLMBackend(BaseBackend):
             ``llama3_json``, ...); without one, ``"auto"`` with tools is refused.
         allow_remote_images: Let the engine fetch http(s) image URLs; off by default (data URLs only).
         reasoning_parser: vLLM's name of the reasoning parser (``deepseek_r1``, ``qwen3``, ...; the engine was
-            built with it): completions come back split into ``reasoning`` and the answer, as ``vllm serve
-            --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`).
+            built with it): a chat's completions come back split into ``reasoning`` and the answer, as ``vllm
+            serve --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`); a
+            text or token prompt's come back whole, as the server's ``/v1/completions`` returns them.
         restarts: Starts the engine again when it dies (`_restart`); ``None``: never.
     """
 
@@ -337,7 +338,7 @@ class VLLMBackend(BaseBackend):
         restarts = EngineRestarts(engine, start=again, stop=stop_engine, max_restarts=max_restarts)
         restarts.label = label
         try:
-            return cls(
+            backend = cls(
                 engine,
                 model=model,
                 engine_args=engine_args,
@@ -346,9 +347,24 @@ class VLLMBackend(BaseBackend):
                 reasoning_parser=reasoning_parser,
                 restarts=restarts,
             )
+            await backend._warm_up()
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
+        return backend
+
+    async def _warm_up(self) -> None:
+        """Pay at the start what an engine's first request asking for logprobs pays (docs/adapters/vllm.md).
+
+        That request compiles vLLM's ``batched_count_greater_than`` (``torch.compile``, the sampled token's
+        rank), once per engine process: about 2.4 s on a quiet CPU, 5-12 s on a loaded one, while later
+        logprobs requests take 0.01 s. Every loglikelihood asks for logprobs, so without this the first one
+        of a run paid it; a plain generation does not. One token after the one-token prompt the scorer uses
+        for an empty context.
+        """
+        await self._run(
+            [self._stand_in], VLLMSamplingParams(max_tokens=1, logprobs=0, detokenize=False), None
+        )
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -500,12 +516,19 @@ class VLLMBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
-        chat = ChatPath.wanted(request)  # images or tools: rendered by the engine, as LLM.chat renders them
-        prompt: Any = (
-            await self._chat.render(request)
-            if chat
-            else translate_prompt(self.tokenizer, request, model=self.model, backend=self.name)
-        )
+        if params.max_tokens > self.max_model_len:
+            # `vllm serve` refuses it before anything else (its tokenization parameters); the engine alone
+            # would generate up to max_model_len. A smaller max_tokens than the prompt leaves room for is
+            # clamped to that room, as there (the engine stops at max_model_len: "length").
+            raise ContextLengthError(
+                f"vllm: max_tokens={params.max_tokens} cannot be greater than "
+                f"max_model_len={self.max_model_len}; ask for fewer output tokens",
+                backend=self.name,
+                request_id=request.request_id,
+            )
+        # A chat is rendered by the engine as `vllm serve` renders the same chat completions body (ChatPath).
+        chat = request.prompt_kind == "chat"
+        prompt: Any = await self._chat.render(request) if chat else translate_prompt(self.tokenizer, request)
         if params.max_tokens == 0:
             # vLLM refuses max_tokens=0; the answer is known without asking it.
             empty = Completion("", (), () if params.logprobs else None, "length")
@@ -513,7 +536,9 @@ class VLLMBackend(BaseBackend):
             return GenerationResult(request.request_id, (empty,) * params.n, length, self.model)
         sampling = self._chat.sampling(request, vllm_sampling(params)) if chat else vllm_sampling(params)
         render = (lambda: self._chat.render(request)) if chat else None
-        if self._reasoning is None:
+        # Only a chat is split, as only `vllm serve`'s /v1/chat/completions applies the reasoning parser: its
+        # /v1/completions returns a text (or token) prompt's output whole, stop strings ending it anywhere.
+        if self._reasoning is None or not chat:
             output = await self._run(prompt, sampling, request.request_id, render)
             got = completions(output, logprobs=params.logprobs)
         else:  # the thinking apart from the answer, stop strings ending the answer only

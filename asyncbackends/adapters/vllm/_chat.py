@@ -1,13 +1,14 @@
-"""Chat with images and tools for the ``vllm`` adapter, rendered as vLLM's own ``LLM.chat`` renders it.
+"""Chat for the ``vllm`` adapter, rendered as ``vllm serve`` renders the same chat completions body.
 
-A chat prompt that holds images, offers tools or carries tool calls goes through the engine's renderer with
-the chat parameters ``LLM.chat`` builds (the model's template, ``tools=``, the generation prompt, no special
-tokens added by the tokenizer): the same template call, the same media loading and the same multimodal
-processing, so greedy outputs equal ``LLM.chat`` token for token. Tool choice follows vLLM's OpenAI server:
-a named tool constrains the output to that tool's parameters schema, ``"required"`` to a JSON list of calls
-(vLLM's own schema builder), and ``"auto"`` output is read by the vLLM tool parser named by the adapter
-option ``tool_parser``; output the parser cannot read comes back as text. Imported by the adapter once vLLM
-is, like `_requests`.
+Every chat prompt is built as vLLM's own ``ChatCompletionRequest`` (the body the ``openai`` adapter would
+send: messages, tools, tool choice) and rendered by the engine's renderer with that request's chat and
+tokenization parameters, each tool as its pydantic ``model_dump()``, as the server's ``preprocess_chat``
+does: the same template call, media loading and multimodal processing, so the prompt token ids equal the
+server's (tests/parity/test_vllm_serve_prompts.py). Tool choice follows vLLM's OpenAI server: a named tool
+constrains the output to that tool's parameters schema, ``"required"`` to a JSON list of calls (vLLM's own
+schema builder), and ``"auto"`` output is read by the vLLM tool parser named by the adapter option
+``tool_parser``; output the parser cannot read comes back as text. Imported by the adapter once vLLM is,
+like `_requests`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
     warnings.simplefilter("ignore", DeprecationWarning)
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.renderers import ChatParams, merge_kwargs
+    from vllm.renderers import merge_kwargs
 
     try:
         from vllm.renderers.chat_utils import make_tool_call_id
@@ -100,11 +101,6 @@ class ChatPath:
     tool_parser: str | None = None
     allow_remote_images: bool = False
 
-    @staticmethod
-    def wanted(request: GenerationRequest) -> bool:
-        """Whether ``request`` needs this path: a chat prompt with images, tools or tool calls."""
-        return request.prompt_kind == "chat" and bool(request.images or request.uses_tools)
-
     def check(self, request: GenerationRequest) -> None:
         """Refuse, before anything is rendered or sent, what this engine's options do not allow.
 
@@ -135,27 +131,29 @@ class ChatPath:
             )
 
     async def render(self, request: GenerationRequest) -> Any:
-        """The engine input ``LLM.chat`` makes of this request's messages and tools (after `check`).
+        """The engine input ``vllm serve`` makes of this request's body (after `check`).
+
+        The request is built as vLLM's ``ChatCompletionRequest`` and rendered as its chat handler renders it
+        (``preprocess_chat``): each tool as its pydantic ``model_dump()`` (``name``, ``description``,
+        ``parameters``, unset ones as null), the validated messages, the request's chat and tokenization
+        parameters, so a template that writes tools with ``tojson`` sees the server's tokens.
 
         Raises:
             RequestRejectedError: What `check` refuses, or the engine cannot render the messages.
         """
         self.check(request)
-        tools = [tool.to_openai() for tool in request.tools] or None
-        # What LLM.chat passes (vllm/entrypoints/common/offline.py _preprocess_chat).
-        params = ChatParams(
-            chat_template=None,
-            chat_template_content_format="auto",
-            chat_template_kwargs=merge_kwargs(
-                None,
-                dict(add_generation_prompt=True, continue_final_message=False, tools=tools, tokenize=False),
-            ),
+        body = self._openai_request(request)
+        tools = None if body.tools is None else [tool.model_dump() for tool in body.tools]
+        config = self.engine.model_config
+        media = config.multimodal_config.media_io_kwargs if config.multimodal_config else None
+        params = body.build_chat_params(None, "auto").with_defaults(
+            merge_kwargs(None, dict(tools=tools, tokenize=False)), default_media_io_kwargs=media
         )
-        renderer = self.engine.renderer
-        tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
-        messages = [dict(message) for message in request.prompt]  # type: ignore[arg-type]
+        with warnings.catch_warnings():  # it reads the request's max_tokens, a field vLLM marks deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tok_params = body.build_tok_params(config)
         try:
-            _, prompts = await renderer.render_chat_async([messages], params, tok_params)
+            _, prompts = await self.engine.renderer.render_chat_async([body.messages], params, tok_params)
         except Exception as exc:  # the template refuses the messages, an image does not decode, too long
             raise RequestRejectedError(
                 f"{self.backend}: cannot render the chat: {type(exc).__name__}: {exc}",
@@ -165,18 +163,16 @@ class ChatPath:
         return prompts[0]
 
     def _openai_request(self, request: GenerationRequest) -> Any:
+        """The request as vLLM's server holds the body the ``openai`` adapter would send it."""
         choice: Any = request.tool_choice
         if choice not in ("auto", "none", "required"):
             choice = {"type": "function", "function": {"name": choice}}
+        body: dict[str, Any] = {"model": "asyncbackends", "messages": [dict(m) for m in request.prompt]}  # type: ignore[arg-type]
+        # As a client sends it: no tools, no tool_choice (the server's default is then "none").
+        if request.tools:
+            body.update(tools=[t.to_openai() for t in request.tools], tool_choice=choice)
         # Validated by vLLM's own model, as its server validates a request body.
-        return ChatCompletionRequest.model_validate(
-            {
-                "model": "asyncbackends",
-                "messages": [],
-                "tools": [t.to_openai() for t in request.tools],
-                "tool_choice": choice,
-            }
-        )
+        return ChatCompletionRequest.model_validate(body)
 
     def sampling(self, request: GenerationRequest, base: VLLMSamplingParams) -> VLLMSamplingParams:
         """``base`` with the structured output vLLM's server sets for a named or required tool choice."""

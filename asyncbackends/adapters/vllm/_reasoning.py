@@ -1,11 +1,12 @@
 """Reasoning models on the ``vllm`` adapter: the thinking apart from the answer, as ``vllm serve`` splits it.
 
-vLLM's in-process engine applies no reasoning parser; only its OpenAI server does. With the adapter option
-``reasoning_parser`` (vLLM's names, as ``vllm serve --reasoning-parser``) the engine is built with that
-parser (so ``thinking_token_budget`` and structured output's reasoning gate work as on the server) and each
-completion is split by the parser the server composes (``ParserManager.get_parser``), constructed and called
-as its chat handler calls it: ``set_prompt_token_ids`` with the prompt, then ``parse(text, request,
-model_output_token_ids=...)``. Tool calls are read from the answer afterwards (`_chat`).
+vLLM's in-process engine applies no reasoning parser; only its OpenAI server does, to chats (the adapter
+splits chats only, `_backend`). With the adapter option ``reasoning_parser`` (vLLM's names, as ``vllm serve
+--reasoning-parser``) the engine is built with that parser (so ``thinking_token_budget`` and structured
+output's reasoning gate work as on the server) and each completion is split by the parser the server
+composes (``ParserManager.get_parser``), constructed and called as its chat handler calls it:
+``set_prompt_token_ids`` with the prompt, then ``parse(text, request, model_output_token_ids=...)``. Tool
+calls are read from the answer afterwards (`_chat`).
 
 ``reasoning_tokens`` counts the generated tokens up to and including the one at which the parser's
 ``is_reasoning_end_streaming`` says thinking ended (the check the engine's structured-output gate makes each

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..._sampling_table import OPTIONAL_SPECS
 from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams
-from ...errors import InvalidRequestError, RequestRejectedError
+from ...errors import InvalidRequestError
 from .._scoring import logprob_of
 from ._compat import VLLMError
 
@@ -121,34 +121,18 @@ def _converted(params: SamplingParams) -> VLLMSamplingParams:
 _shared = functools.lru_cache(maxsize=64)(_converted)
 
 
-def prompt_ids(tokenizer: Any, request: GenerationRequest, *, model: str, backend: str) -> list[int]:
-    """The request's prompt as token ids: text encoded, token ids as given, chat through the template.
+def prompt_ids(tokenizer: Any, request: GenerationRequest) -> list[int]:
+    """A text or token prompt as token ids (chat prompts are rendered by `_chat.ChatPath`).
 
-    Raises:
-        RequestRejectedError: The model has no chat template, or its template refuses the messages.
+    Text is encoded with the tokenizer's special tokens, as ``/v1/completions`` encodes it; token ids are
+    taken as given.
     """
     prompt = request.prompt
     if isinstance(prompt, str):
         # Encoded here rather than by vLLM: passing raw strings to AsyncLLM is deprecated in vLLM.
         ids: list[int] = tokenizer.encode(prompt, add_special_tokens=True)
         return ids
-    if request.prompt_kind == "tokens":
-        return list(prompt)  # type: ignore[arg-type]
-    try:
-        text = tokenizer.apply_chat_template(
-            [dict(m) for m in prompt],  # type: ignore[arg-type]  # prompt_kind == "chat"
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-    except Exception as exc:  # no chat template, or the template refuses these messages
-        raise RequestRejectedError(
-            f"vllm: cannot apply the chat template of {model!r}: {exc}",
-            backend=backend,
-            request_id=request.request_id,
-        ) from exc
-    # The template writes its own special tokens (BOS); encoding must not add a second one.
-    chat_ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-    return chat_ids
+    return list(prompt)  # type: ignore[arg-type]  # token ids
 
 
 def engine_input(engine: AsyncLLM, ids: list[int]) -> Any:
