@@ -12,29 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
-import operator
 import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._chat import image_digest
-from ._protocol import AsyncBackend, SupportsFingerprint
-from ._types import (
-    Completion,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodResult,
-    Request,
-    Result,
-    ToolCall,
+from ._cache_codec import (
+    backend_fingerprint,
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+    fingerprint_key,
+    request_key,
 )
+from ._protocol import AsyncBackend
+from ._types import GenerationRequest, Request, Result
 from .errors import InvalidRequestError
 
 __all__ = [
@@ -47,6 +45,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# SQLite's default limit on one statement's parameters is 32,766 (since 3.32); well under it.
+_KEYS_PER_QUERY = 500
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -67,35 +68,10 @@ CREATE TABLE IF NOT EXISTS batches (
     endpoint TEXT NOT NULL,
     batch_id TEXT,
     custom_ids TEXT NOT NULL,
-    created REAL NOT NULL DEFAULT (julianday('now'))
+    created REAL NOT NULL DEFAULT (julianday('now')),
+    requests TEXT
 )
 """
-
-
-def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
-    """What identifies a backend's outputs: its ``fingerprint`` (`SupportsFingerprint`), else its name.
-
-    Adapters whose outputs depend on a model or options expose ``fingerprint`` (a JSON-able mapping, with
-    no secret in it); two backends with equal fingerprints must give equal results for equal requests.
-    """
-    fingerprint = backend.fingerprint if isinstance(backend, SupportsFingerprint) else None
-    if fingerprint is None:
-        return {"name": backend.name}
-    return dict(fingerprint)
-
-
-def request_key(backend: AsyncBackend, request: Request) -> str:
-    """The cache key of ``request`` sent to ``backend``: a SHA-256 hex digest, without the request id."""
-    payload = json.dumps(
-        [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _fingerprint_key(backend: AsyncBackend) -> str:
-    return hashlib.sha256(
-        json.dumps(backend_fingerprint(backend), sort_keys=True, default=str).encode()
-    ).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,83 +83,33 @@ class BatchRecord:
         endpoint: The batch's endpoint.
         batch_id: The batch, once created (``None``: killed between uploading and recording the batch).
         custom_ids: The requests in it, in line order.
+        requests: The request of each custom id, in the same order, so that any later run can read every
+            answer the batch holds (not only its own requests'); empty in a record written before they were
+            kept (such a batch's other answers cannot be read).
     """
 
     file_id: str
     endpoint: str
     batch_id: str | None
     custom_ids: tuple[str, ...]
+    requests: tuple[GenerationRequest, ...] = ()
 
 
-def _canonical_request(request: Request) -> dict[str, Any]:
-    data = dataclasses.asdict(request)
-    data.pop("request_id", None)
-    data["type"] = type(request).__name__
-    if isinstance(request, GenerationRequest):
-        # Left out at their defaults, so a text request's key is what it was before tools existed.
-        if not request.tools:
-            data.pop("tools")
-        if request.tool_choice == "auto":
-            data.pop("tool_choice")
-        if request.images:
-            data["prompt"] = [_hash_images(m) for m in data["prompt"]]
-    return data
+def _requests(stored: str | None, count: int) -> tuple[GenerationRequest, ...]:
+    # Unreadable (or from an older file): the run reads only its own requests' answers, as it did then.
+    if not stored:
+        return ()
+    try:
+        requests = tuple(decode_request(d) for d in json.loads(stored))
+    except (ValueError, KeyError, TypeError, InvalidRequestError) as exc:
+        log.warning("response cache: a batch record's requests could not be read: %s", exc)
+        return ()
+    return requests if len(requests) == count else ()
 
 
-def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
-    # An image counts by its content: the same bytes key the same however the data URL was written.
-    content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = [
-            {**p, "image_url": {**p["image_url"], "url": "sha256:" + image_digest(p["image_url"]["url"], 64)}}
-            if p.get("type") == "image_url"
-            else p
-            for p in content
-        ]
-    return message
-
-
-def _jsonable(value: object) -> object:
-    # Engines hand out numpy scalars; the result types accept anything int- or float-like in a tuple.
-    if hasattr(value, "__index__"):
-        return operator.index(value)
-    if hasattr(value, "__float__"):
-        return float(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def _encode(result: Result) -> tuple[str, str]:
-    data = dataclasses.asdict(result)
-    return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
-
-
-def _tuple(values: Any) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)
-
-
-def _decode(kind: str, value: str, request_id: str | None) -> Result:
-    data = json.loads(value)
-    data["request_id"] = request_id
-    if kind == "GenerationResult":
-        completions = tuple(
-            Completion(
-                text=c["text"],
-                token_ids=tuple(c["token_ids"]),
-                logprobs=_tuple(c["logprobs"]),
-                finish_reason=c["finish_reason"],
-                tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
-                reasoning=c.get("reasoning"),
-                reasoning_tokens=c.get("reasoning_tokens", 0),
-                reasoning_truncated=c.get("reasoning_truncated", False),
-                token_texts=tuple(c.get("token_texts", ())),
-            )
-            for c in data.pop("completions")
-        )
-        return GenerationResult(completions=completions, **data)
-    if kind == "LoglikelihoodResult":
-        data["token_logprobs"] = _tuple(data.get("token_logprobs"))
-        return LoglikelihoodResult(**data)
-    raise ValueError(f"unknown result kind {kind!r}")
+def custom_id_key(custom_id: str) -> str:
+    """The cache key inside a batch line's custom id (``"{key}-{occurrence}"``)."""
+    return custom_id.rsplit("-", 1)[0]
 
 
 class CacheReadWarning(RuntimeWarning):
@@ -220,6 +146,9 @@ class ResponseCache:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
         self._db.execute(_BATCH_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(batches)")}
+        if "requests" not in columns:  # a file written before records kept their requests
+            self._db.execute("ALTER TABLE batches ADD COLUMN requests TEXT")
         self.read_failures = 0
         self._warned: set[str] = set()
 
@@ -245,13 +174,13 @@ class ResponseCache:
             row = self._db.execute(
                 "SELECT kind, value FROM results WHERE key = ?", (self.key(backend, request),)
             ).fetchone()
-        return None if row is None else _decode(row[0], row[1], request.request_id)
+        return None if row is None else decode_result(row[0], row[1], request.request_id)
 
     def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""
         if not self.cacheable(request):
             return
-        kind, value = _encode(result)
+        kind, value = encode_result(result)
         name = backend.name
         with self._lock:
             self._db.execute(
@@ -264,21 +193,22 @@ class ResponseCache:
 
         One commit instead of one per result: a 20,000-request batch took 10.8 s to store one by one here.
         """
+        self._store(backend, pairs, forget=None)
+
+    def _store(
+        self, backend: AsyncBackend, pairs: Iterable[tuple[Request, Result]], forget: str | None
+    ) -> None:
         rows = [
-            (self.key(backend, request), *_encode(result), backend.name)
+            (request_key(backend, request), *encode_result(result), backend.name)
             for request, result in pairs
             if self.cacheable(request)
         ]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
+            )
+            if forget is not None:
+                self._db.execute("DELETE FROM batches WHERE file_id = ?", (forget,))
 
     # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
     # a hop to a worker thread would.
@@ -323,31 +253,86 @@ class ResponseCache:
         """The batches of ``backend`` (by fingerprint) started and not yet read back, oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT file_id, endpoint, batch_id, custom_ids FROM batches WHERE fingerprint = ? "
+                "SELECT file_id, endpoint, batch_id, custom_ids, requests FROM batches WHERE fingerprint = ? "
                 "ORDER BY created, rowid",
-                (_fingerprint_key(backend),),
+                (fingerprint_key(backend),),
             ).fetchall()
-        return [BatchRecord(r[0], r[1], r[2], tuple(json.loads(r[3]))) for r in rows]
+        return [
+            BatchRecord(
+                r[0],
+                r[1],
+                r[2],
+                tuple(json.loads(r[3])),
+                _requests(r[4], len(json.loads(r[3]))),
+            )
+            for r in rows
+        ]
 
     def add_batch(self, backend: AsyncBackend, record: BatchRecord) -> None:
         """Record an uploaded input file (and its batch, once known) in its own committed transaction."""
+        requests = json.dumps([encode_request(r) for r in record.requests]) if record.requests else None
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO batches (file_id, fingerprint, endpoint, batch_id, custom_ids) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO batches "
+                "(file_id, fingerprint, endpoint, batch_id, custom_ids, requests) VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     record.file_id,
-                    _fingerprint_key(backend),
+                    fingerprint_key(backend),
                     record.endpoint,
                     record.batch_id,
                     json.dumps(record.custom_ids),
+                    requests,
                 ),
             )
+
+    def set_batch_id(self, file_id: str, batch_id: str) -> None:
+        """Record the batch started over a recorded input file, in its own committed transaction."""
+        with self._lock:
+            self._db.execute("UPDATE batches SET batch_id = ? WHERE file_id = ?", (batch_id, file_id))
 
     def remove_batch(self, file_id: str) -> None:
         """Forget a batch whose outcomes were read (its results are stored by then)."""
         with self._lock:
             self._db.execute("DELETE FROM batches WHERE file_id = ?", (file_id,))
+
+    def store_batch(
+        self, backend: AsyncBackend, file_id: str, pairs: Iterable[tuple[Request, Result]]
+    ) -> None:
+        """Store a finished batch's results and forget its record, in one committed transaction.
+
+        One transaction, so a run killed at any instant leaves either the record (the next run reads the
+        batch again) or the results (nothing to read): never a record whose answers are stored already.
+        """
+        self._store(backend, pairs, forget=file_id)
+
+    def stored_keys(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` have a stored result (looked up as sets, a chunk of keys per query)."""
+        found: set[str] = set()
+        chunk: list[str] = []
+        with self._lock:
+            for key in keys:
+                chunk.append(key)
+                if len(chunk) == _KEYS_PER_QUERY:
+                    found.update(self._present(chunk))
+                    chunk = []
+            if chunk:
+                found.update(self._present(chunk))
+        return found
+
+    def _present(self, keys: list[str]) -> list[str]:
+        marks = ",".join("?" * len(keys))
+        rows = self._db.execute(f"SELECT key FROM results WHERE key IN ({marks})", keys).fetchall()
+        return [r[0] for r in rows]
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def stats(self) -> dict[str, Any]:
         """Entries by backend and kind, provider batches still recorded as in flight, the file's size."""

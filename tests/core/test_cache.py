@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import stat
 import warnings
 from pathlib import Path
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 import asyncbackends as ab
 from asyncbackends._cache import CacheReadWarning
+from asyncbackends._cache_codec import decode_request, encode_request
 
 
 def test_a_killed_run_resumes_sending_only_what_is_missing(tmp_path: Path, make_mock: Any) -> None:
@@ -361,3 +363,22 @@ def test_equal_fingerprints_in_any_order_share_a_key(tmp_path: Path) -> None:
         assert cache.key(one, request) != cache.key(Fingerprinted({"name": "m", "model": "big"}), request)
     finally:
         cache.close()
+
+
+def test_a_batch_records_requests_read_back_equal() -> None:
+    """A provider batch's record keeps its requests (JSON in the file) so any later run can read them."""
+    tool = ab.Tool("add", "adds", {"type": "object", "properties": {"x": {"type": "integer"}}})
+    requests = [
+        ab.GenerationRequest(
+            "text", ab.SamplingParams(max_tokens=3, stop=("a", "b"), seed=4), request_id="t"
+        ),
+        ab.GenerationRequest(
+            [{"role": "user", "content": "hi"}],
+            ab.SamplingParams(logprobs=True, json_schema={"type": "object"}, reasoning_effort="low"),
+            tools=(tool,),
+            tool_choice="add",
+        ),
+        ab.GenerationRequest([1, 2, 3], ab.SamplingParams(n=2, temperature=1.0, min_p=0.1)),
+    ]
+    for request in requests:
+        assert decode_request(json.loads(json.dumps(encode_request(request)))) == request

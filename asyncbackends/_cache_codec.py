@@ -1,0 +1,152 @@
+"""What the response cache stores and under which key: fingerprints, keys, and results as JSON.
+
+A key is the SHA-256 of the backend's fingerprint and the canonical request without its id; a result is
+its dataclass as compact JSON (read back with the request's own id). A provider batch's record also keeps
+its requests (`encode_request`), so that whichever later run collects the batch can read every answer in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from ._chat import Tool, image_digest
+from ._protocol import AsyncBackend, SupportsFingerprint
+from ._sampling_params import SamplingParams
+from ._types import (
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodResult,
+    Request,
+    Result,
+    ToolCall,
+)
+
+__all__ = [
+    "backend_fingerprint",
+    "decode_request",
+    "decode_result",
+    "encode_request",
+    "encode_result",
+    "fingerprint_key",
+    "request_key",
+]
+
+
+def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
+    """What identifies a backend's outputs: its ``fingerprint`` (`SupportsFingerprint`), else its name.
+
+    Adapters whose outputs depend on a model or options expose ``fingerprint`` (a JSON-able mapping, with
+    no secret in it); two backends with equal fingerprints must give equal results for equal requests.
+    """
+    fingerprint = backend.fingerprint if isinstance(backend, SupportsFingerprint) else None
+    if fingerprint is None:
+        return {"name": backend.name}
+    return dict(fingerprint)
+
+
+def request_key(backend: AsyncBackend, request: Request) -> str:
+    """The cache key of ``request`` sent to ``backend``: a SHA-256 hex digest, without the request id."""
+    payload = json.dumps(
+        [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def fingerprint_key(backend: AsyncBackend) -> str:
+    return hashlib.sha256(
+        json.dumps(backend_fingerprint(backend), sort_keys=True, default=str).encode()
+    ).hexdigest()
+
+
+def _canonical_request(request: Request) -> dict[str, Any]:
+    data = dataclasses.asdict(request)
+    data.pop("request_id", None)
+    data["type"] = type(request).__name__
+    if isinstance(request, GenerationRequest):
+        # Left out at their defaults, so a text request's key is what it was before tools existed.
+        if not request.tools:
+            data.pop("tools")
+        if request.tool_choice == "auto":
+            data.pop("tool_choice")
+        if request.images:
+            data["prompt"] = [_hash_images(m) for m in data["prompt"]]
+    return data
+
+
+def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
+    # An image counts by its content: the same bytes key the same however the data URL was written.
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = [
+            {**p, "image_url": {**p["image_url"], "url": "sha256:" + image_digest(p["image_url"]["url"], 64)}}
+            if p.get("type") == "image_url"
+            else p
+            for p in content
+        ]
+    return message
+
+
+def _jsonable(value: object) -> object:
+    # Engines hand out numpy scalars; the result types accept anything int- or float-like in a tuple.
+    if hasattr(value, "__index__"):
+        return operator.index(value)
+    if hasattr(value, "__float__"):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_result(result: Result) -> tuple[str, str]:
+    data = dataclasses.asdict(result)
+    return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
+
+
+def _tuple(values: Any) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def decode_result(kind: str, value: str, request_id: str | None) -> Result:
+    data = json.loads(value)
+    data["request_id"] = request_id
+    if kind == "GenerationResult":
+        completions = tuple(
+            Completion(
+                text=c["text"],
+                token_ids=tuple(c["token_ids"]),
+                logprobs=_tuple(c["logprobs"]),
+                finish_reason=c["finish_reason"],
+                tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
+                reasoning=c.get("reasoning"),
+                reasoning_tokens=c.get("reasoning_tokens", 0),
+                reasoning_truncated=c.get("reasoning_truncated", False),
+                token_texts=tuple(c.get("token_texts", ())),
+            )
+            for c in data.pop("completions")
+        )
+        return GenerationResult(completions=completions, **data)
+    if kind == "LoglikelihoodResult":
+        data["token_logprobs"] = _tuple(data.get("token_logprobs"))
+        return LoglikelihoodResult(**data)
+    raise ValueError(f"unknown result kind {kind!r}")
+
+
+def encode_request(request: GenerationRequest) -> dict[str, Any]:
+    """``request`` as JSON-able data, whole (id included), for a provider batch's record."""
+    return dataclasses.asdict(request)
+
+
+def decode_request(data: Mapping[str, Any]) -> GenerationRequest:
+    """The request `encode_request` wrote (JSON lists read back as the tuples the types hold)."""
+    params: dict[str, Any] = {k: tuple(v) if k == "stop" else v for k, v in data["params"].items()}
+    return GenerationRequest(
+        data["prompt"],
+        SamplingParams(**params),
+        request_id=data.get("request_id"),
+        tools=tuple(Tool(**tool) for tool in data.get("tools") or ()),
+        tool_choice=data.get("tool_choice", "auto"),
+    )
