@@ -577,3 +577,42 @@ async def test_a_record_whose_answers_are_all_stored_is_forgotten_by_the_next_ru
             await backend.aclose()
     assert recorded(path, backend) == []
     assert len(answers) == 2 and len(other) == 1 and server.uploads == 2
+
+
+async def test_an_upload_in_progress_ends_when_the_backend_is_closed() -> None:
+    """The upload goes through the backend's transport: aclose() ends it even while its answer is read."""
+    from aiohttp import web
+
+    from asyncbackends.testing._serve import serve
+
+    async def stalled_upload(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"id": "file-')  # the rest never comes
+        answering.set()
+        await asyncio.Event().wait()
+        return response
+
+    async def scenario() -> None:
+        # On the shared loop, where the backend's session lives and gather would call it.
+        app = web.Application()
+        app.router.add_post("/v1/files", stalled_upload)
+        runner, port = await serve(app)
+        backend = await ab.acreate_backend("openai", base_url=f"http://127.0.0.1:{port}/v1", model="m")
+        try:
+            assert isinstance(backend, OpenAIBackend)
+            line = backend.batch_line("c-0", ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=2)))
+            assert line is not None
+            upload = asyncio.ensure_future(backend.upload_batch_file([line]))
+            await answering.wait()
+            await backend.aclose()
+            # Posted outside the transport, the upload leaked aiohttp's RuntimeError or waited forever.
+            with pytest.raises(ab.BackendClosedError):
+                await asyncio.wait_for(upload, 20)
+        finally:
+            await backend.aclose()
+            await runner.cleanup()
+
+    answering = asyncio.Event()
+    await ab.get_loop_manager().arun(scenario())
