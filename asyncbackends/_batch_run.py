@@ -28,7 +28,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ._batch import BatchLine, BatchStatus, SupportsBatch
-from ._cache import BatchRecord, ResponseCache, custom_id_key, open_cache, request_key
+from ._cache import ResponseCache, open_cache
+from ._cache_batches import BatchRecord, custom_id_key
+from ._cache_codec import request_key
 from ._observability.observe import RequestObserver, RunObserver
 from ._options import RetryPolicy, RunOptions
 from ._run import Outcome

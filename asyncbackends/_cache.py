@@ -1,48 +1,41 @@
 """`ResponseCache`: a resumable SQLite cache of results, written as they arrive.
 
-``gather(..., cache="run.sqlite")`` looks each request up before sending it and stores each result in its own
-committed transaction the moment it arrives, so a run killed at any instant resumes by sending only what is
-missing. Errors are never stored. The key is the backend's fingerprint (adapter, model and the options that
-change outputs, never a secret) plus the canonical request without its id. Unseeded sampling is not
-reproducible, so it is cached only when asked for (``cache_unseeded=True``). The file is created with mode
-0600 and opened in WAL mode, so readers (``asyncbackends cache stats``) never block the writer.
+``gather(..., cache="run.sqlite")`` looks its requests up a chunk at a time before sending them and stores
+each result with the next group commit (`_cache_writer`: within 50 ms, on a thread), so a run killed at any
+instant resumes by sending only what is missing, at most the last window's results again. Errors are never
+stored. The key is the backend's fingerprint (adapter, model and the options that change outputs, never a
+secret) plus the canonical request without its id (`_cache_codec`). Unseeded sampling is not reproducible,
+so it is cached only when asked for (``cache_unseeded=True``). The file is created with mode 0600 and opened
+in WAL mode, so readers (``asyncbackends cache stats``) never block the writer. Provider batches in flight
+are recorded beside the results (`BatchRecord`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._cache_batches import BATCH_SCHEMA, BatchRecords
+from ._cache_batches import BatchRecord as BatchRecord  # where abc.py and earlier code import it
+from ._cache_codec import backend_fingerprint as backend_fingerprint  # imported from here by adapters' tests
 from ._cache_codec import (
-    backend_fingerprint,
-    decode_request,
     decode_result,
-    encode_request,
     encode_result,
-    fingerprint_key,
     request_key,
 )
+from ._cache_writer import GroupWriter, Row
 from ._protocol import AsyncBackend
 from ._types import GenerationRequest, Request, Result
 from .errors import InvalidRequestError
 
-__all__ = [
-    "BatchRecord",
-    "CacheReadWarning",
-    "ResponseCache",
-    "backend_fingerprint",
-    "open_cache",
-    "request_key",
-]
+__all__ = ["CacheReadWarning", "ResponseCache", "open_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -59,58 +52,6 @@ CREATE TABLE IF NOT EXISTS results (
 )
 """
 
-# Provider batches in flight (``gather(..., batch=True)``): one row per uploaded input file, its batch id
-# once created, so a restarted run polls them instead of sending their requests again.
-_BATCH_SCHEMA = """
-CREATE TABLE IF NOT EXISTS batches (
-    file_id TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    batch_id TEXT,
-    custom_ids TEXT NOT NULL,
-    created REAL NOT NULL DEFAULT (julianday('now')),
-    requests TEXT
-)
-"""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """A provider batch a run started and has not read back yet.
-
-    Args:
-        file_id: The uploaded input file.
-        endpoint: The batch's endpoint.
-        batch_id: The batch, once created (``None``: killed between uploading and recording the batch).
-        custom_ids: The requests in it, in line order.
-        requests: The request of each custom id, in the same order, so that any later run can read every
-            answer the batch holds (not only its own requests'); empty in a record written before they were
-            kept (such a batch's other answers cannot be read).
-    """
-
-    file_id: str
-    endpoint: str
-    batch_id: str | None
-    custom_ids: tuple[str, ...]
-    requests: tuple[GenerationRequest, ...] = ()
-
-
-def _requests(stored: str | None, count: int) -> tuple[GenerationRequest, ...]:
-    # Unreadable (or from an older file): the run reads only its own requests' answers, as it did then.
-    if not stored:
-        return ()
-    try:
-        requests = tuple(decode_request(d) for d in json.loads(stored))
-    except (ValueError, KeyError, TypeError, InvalidRequestError) as exc:
-        log.warning("response cache: a batch record's requests could not be read: %s", exc)
-        return ()
-    return requests if len(requests) == count else ()
-
-
-def custom_id_key(custom_id: str) -> str:
-    """The cache key inside a batch line's custom id (``"{key}-{occurrence}"``)."""
-    return custom_id.rsplit("-", 1)[0]
-
 
 class CacheReadWarning(RuntimeWarning):
     """A stored result could not be read back, so its request is sent again.
@@ -121,7 +62,7 @@ class CacheReadWarning(RuntimeWarning):
     """
 
 
-class ResponseCache:
+class ResponseCache(BatchRecords):
     """A SQLite file of results keyed by backend fingerprint and canonical request.
 
     Safe to share between threads and runs; one process writes at a time.
@@ -145,12 +86,13 @@ class ResponseCache:
         # NORMAL in WAL mode survives a killed process (only a power cut can lose the last commits).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
-        self._db.execute(_BATCH_SCHEMA)
+        self._db.execute(BATCH_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(batches)")}
         if "requests" not in columns:  # a file written before records kept their requests
             self._db.execute("ALTER TABLE batches ADD COLUMN requests TEXT")
         self.read_failures = 0
         self._warned: set[str] = set()
+        self._writer = GroupWriter(self._commit_group)
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -170,11 +112,27 @@ class ResponseCache:
         """The stored result for ``request``, with its ``request_id`` set to the request's, or ``None``."""
         if not self.cacheable(request):
             return None
+        found = self.stored([self.key(backend, request)])
+        return next((decode_result(kind, value, request.request_id) for kind, value in found.values()), None)
+
+    def stored(self, keys: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """The stored ``(kind, value)`` of each of ``keys`` found, queued results included.
+
+        One query per chunk of keys (a set lookup), so a resume reads its cached part at the speed SQLite
+        reads rows, not at one round trip per request.
+        """
+        found: dict[str, tuple[str, str]] = {}
         with self._lock:
-            row = self._db.execute(
-                "SELECT kind, value FROM results WHERE key = ?", (self.key(backend, request),)
-            ).fetchone()
-        return None if row is None else decode_result(row[0], row[1], request.request_id)
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
+                found.update((key, (kind, value)) for key, kind, value in self._db.execute(query, chunk))
+        for key in keys:
+            queued = self._writer.get(key)
+            if queued is not None:
+                found[key] = encode_result(queued[0])
+        return found
 
     def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""
@@ -186,6 +144,48 @@ class ResponseCache:
             self._db.execute(
                 "INSERT OR REPLACE INTO results (key, kind, backend, value) VALUES (?, ?, ?, ?)",
                 (self.key(backend, request), kind, name, value),
+            )
+
+    def queue(self, key: str, backend_name: str, result: Result) -> None:
+        """Store ``result`` under ``key`` with the next group commit (within 50 ms).
+
+        Never waits for SQLite: the group is committed on the cache's writer thread.
+        """
+        self._writer.put(key, (result, backend_name))
+
+    def flush(self) -> None:
+        """Block until every queued result is committed."""
+        self._writer.flush()
+
+    def _commit_group(self, group: Mapping[str, Row]) -> None:
+        rows = [(key, *encode_result(result), name) for key, (result, name) in group.items()]
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
+            )
+
+    def read(self, kind: str, value: str, request_id: str | None) -> Result | None:
+        """A stored row as a result with ``request_id``, or ``None`` (counted and warned) if unreadable."""
+        try:
+            return decode_result(kind, value, request_id)
+        except (ValueError, KeyError, TypeError, InvalidRequestError) as exc:
+            self.read_failed(exc)
+            return None
+
+    def read_failed(self, exc: Exception) -> None:
+        """Count a stored result that could not be read (its request is sent again); warn once per cause."""
+        self.read_failures += 1
+        cause = f"{type(exc).__name__}: {exc}"
+        log.debug("response cache %s: read failed, sending the request: %s", self.path, cause)
+        if type(exc).__name__ not in self._warned:
+            self._warned.add(type(exc).__name__)
+            warnings.warn(
+                CacheReadWarning(
+                    f"response cache {self.path}: a stored result could not be read ({cause}); its "
+                    "request is sent again, and so is every other entry failing this way (counted in "
+                    "ResponseCache.read_failures and RunMetrics.cache_read_failures)"
+                ),
+                stacklevel=3,
             )
 
     def put_many(self, backend: AsyncBackend, pairs: Iterable[tuple[Request, Result]]) -> None:
@@ -210,10 +210,8 @@ class ResponseCache:
             if forget is not None:
                 self._db.execute("DELETE FROM batches WHERE file_id = ?", (forget,))
 
-    # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
-    # a hop to a worker thread would.
     async def aget(self, backend: AsyncBackend, request: Request) -> Result | None:
-        """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss.
+        """Async form of `get`: an unreadable entry or database is a miss.
 
         Each miss of that kind counts in `read_failures`; the first of each cause warns with
         `CacheReadWarning` naming it, since it means requests already paid for are sent again.
@@ -221,108 +219,17 @@ class ResponseCache:
         try:
             return self.get(backend, request)
         except (sqlite3.Error, ValueError, KeyError, TypeError, InvalidRequestError) as exc:
-            self.read_failures += 1
-            cause = f"{type(exc).__name__}: {exc}"
-            log.debug("response cache %s: read failed, sending the request: %s", self.path, cause)
-            if type(exc).__name__ not in self._warned:
-                self._warned.add(type(exc).__name__)
-                warnings.warn(
-                    CacheReadWarning(
-                        f"response cache {self.path}: a stored result could not be read ({cause}); its "
-                        "request is sent again, and so is every other entry failing this way (counted in "
-                        "ResponseCache.read_failures and RunMetrics.cache_read_failures)"
-                    ),
-                    stacklevel=2,
-                )
+            self.read_failed(exc)
             return None
 
     async def aput(self, backend: AsyncBackend, request: Request, result: Result) -> None:
-        """Async form of `put`, as `gather` uses it.
+        """Async form of `put`, committed with the next group (`queue`), as `gather` stores results.
 
         A failed write (disk full, database locked) is logged and the result still goes to the caller; only
         a resume would send that request again.
         """
-        try:
-            self.put(backend, request, result)
-        except sqlite3.Error as exc:
-            log.warning("response cache %s: write failed: %s", self.path, exc)
-
-    # -- provider batches in flight -----------------------------------------------------------------
-
-    def batch_records(self, backend: AsyncBackend) -> list[BatchRecord]:
-        """The batches of ``backend`` (by fingerprint) started and not yet read back, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT file_id, endpoint, batch_id, custom_ids, requests FROM batches WHERE fingerprint = ? "
-                "ORDER BY created, rowid",
-                (fingerprint_key(backend),),
-            ).fetchall()
-        return [
-            BatchRecord(
-                r[0],
-                r[1],
-                r[2],
-                tuple(json.loads(r[3])),
-                _requests(r[4], len(json.loads(r[3]))),
-            )
-            for r in rows
-        ]
-
-    def add_batch(self, backend: AsyncBackend, record: BatchRecord) -> None:
-        """Record an uploaded input file (and its batch, once known) in its own committed transaction."""
-        requests = json.dumps([encode_request(r) for r in record.requests]) if record.requests else None
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO batches "
-                "(file_id, fingerprint, endpoint, batch_id, custom_ids, requests) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    record.file_id,
-                    fingerprint_key(backend),
-                    record.endpoint,
-                    record.batch_id,
-                    json.dumps(record.custom_ids),
-                    requests,
-                ),
-            )
-
-    def set_batch_id(self, file_id: str, batch_id: str) -> None:
-        """Record the batch started over a recorded input file, in its own committed transaction."""
-        with self._lock:
-            self._db.execute("UPDATE batches SET batch_id = ? WHERE file_id = ?", (batch_id, file_id))
-
-    def remove_batch(self, file_id: str) -> None:
-        """Forget a batch whose outcomes were read (its results are stored by then)."""
-        with self._lock:
-            self._db.execute("DELETE FROM batches WHERE file_id = ?", (file_id,))
-
-    def store_batch(
-        self, backend: AsyncBackend, file_id: str, pairs: Iterable[tuple[Request, Result]]
-    ) -> None:
-        """Store a finished batch's results and forget its record, in one committed transaction.
-
-        One transaction, so a run killed at any instant leaves either the record (the next run reads the
-        batch again) or the results (nothing to read): never a record whose answers are stored already.
-        """
-        self._store(backend, pairs, forget=file_id)
-
-    def stored_keys(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` have a stored result (looked up as sets, a chunk of keys per query)."""
-        found: set[str] = set()
-        chunk: list[str] = []
-        with self._lock:
-            for key in keys:
-                chunk.append(key)
-                if len(chunk) == _KEYS_PER_QUERY:
-                    found.update(self._present(chunk))
-                    chunk = []
-            if chunk:
-                found.update(self._present(chunk))
-        return found
-
-    def _present(self, keys: list[str]) -> list[str]:
-        marks = ",".join("?" * len(keys))
-        rows = self._db.execute(f"SELECT key FROM results WHERE key IN ({marks})", keys).fetchall()
-        return [r[0] for r in rows]
+        if self.cacheable(request):
+            self.queue(self.key(backend, request), backend.name, result)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -336,6 +243,7 @@ class ResponseCache:
 
     def stats(self) -> dict[str, Any]:
         """Entries by backend and kind, provider batches still recorded as in flight, the file's size."""
+        self.flush()
         with self._lock:
             rows = self._db.execute(
                 "SELECT backend, kind, COUNT(*) FROM results GROUP BY backend, kind ORDER BY backend, kind"
@@ -350,11 +258,13 @@ class ResponseCache:
         }
 
     def __len__(self) -> int:
+        self.flush()
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
 
     def clear(self) -> int:
         """Delete every entry and batch record (a cleared cache resumes nothing); returns the entries."""
+        self.flush()
         with self._lock:
             count = int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
             self._db.execute("DELETE FROM results")
@@ -364,7 +274,8 @@ class ResponseCache:
         return count
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Commit what is queued, then close the database connection."""
+        self._writer.close()
         with self._lock:
             self._db.close()
 

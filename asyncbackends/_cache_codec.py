@@ -33,7 +33,9 @@ __all__ = [
     "decode_result",
     "encode_request",
     "encode_result",
+    "Keyer",
     "fingerprint_key",
+    "plain",
     "request_key",
 ]
 
@@ -52,10 +54,28 @@ def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
 
 def request_key(backend: AsyncBackend, request: Request) -> str:
     """The cache key of ``request`` sent to ``backend``: a SHA-256 hex digest, without the request id."""
-    payload = json.dumps(
-        [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return Keyer(backend)(request)
+
+
+class Keyer:
+    """Cache keys of one backend's requests, its fingerprint serialised and hashed once.
+
+    The digest is of ``json.dumps([fingerprint, canonical request], sort_keys=True, default=str)``, the
+    form every cache file holds; written as two halves so the fingerprint's is hashed once per run, not
+    once per request.
+    """
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, backend: AsyncBackend) -> None:
+        fingerprint = json.dumps(backend_fingerprint(backend), sort_keys=True, default=str)
+        self._prefix = hashlib.sha256(f"[{fingerprint}, ".encode())
+
+    def __call__(self, request: Request) -> str:
+        digest = self._prefix.copy()
+        digest.update(json.dumps(_canonical_request(request), sort_keys=True, default=str).encode())
+        digest.update(b"]")
+        return digest.hexdigest()
 
 
 def fingerprint_key(backend: AsyncBackend) -> str:
@@ -65,7 +85,7 @@ def fingerprint_key(backend: AsyncBackend) -> str:
 
 
 def _canonical_request(request: Request) -> dict[str, Any]:
-    data = dataclasses.asdict(request)
+    data: dict[str, Any] = plain(request)
     data.pop("request_id", None)
     data["type"] = type(request).__name__
     if isinstance(request, GenerationRequest):
@@ -82,14 +102,47 @@ def _canonical_request(request: Request) -> dict[str, Any]:
 def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
     # An image counts by its content: the same bytes key the same however the data URL was written.
     content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = [
+    if not isinstance(content, list):
+        return message
+    return {
+        **message,
+        "content": [
             {**p, "image_url": {**p["image_url"], "url": "sha256:" + image_digest(p["image_url"]["url"], 64)}}
             if p.get("type") == "image_url"
             else p
             for p in content
-        ]
-    return message
+        ],
+    }
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def plain(value: Any) -> Any:
+    """``value`` with dataclasses as dicts, serialised by ``json.dumps`` as `dataclasses.asdict`'s copy is.
+
+    `dataclasses.asdict` deep-copies every value; JSON needs none of that, and skipping it makes keys and
+    stored results several times cheaper (tuples of scalars, such as token ids, are passed through whole).
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    try:
+        fields = _FIELDS[kind]
+    except KeyError:
+        fields = _FIELDS[kind] = (
+            tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else None
+        )
+    if fields is not None:
+        return {name: plain(getattr(value, name)) for name in fields}
+    if kind is tuple or kind is list:
+        if not value or type(value[0]) in _SCALARS:
+            return value
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 def _jsonable(value: object) -> object:
@@ -102,7 +155,7 @@ def _jsonable(value: object) -> object:
 
 
 def encode_result(result: Result) -> tuple[str, str]:
-    data = dataclasses.asdict(result)
+    data = plain(result)
     return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
 
 

@@ -382,3 +382,45 @@ def test_a_batch_records_requests_read_back_equal() -> None:
     ]
     for request in requests:
         assert decode_request(json.loads(json.dumps(encode_request(request)))) == request
+
+
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5E"
+    "rkJggg=="
+)
+
+
+def test_keys_are_those_earlier_files_hold() -> None:
+    """Digests written by the version that serialised keys with dataclasses.asdict: a resume still finds them."""
+    tool = ab.Tool("add", "adds", {"type": "object", "properties": {"x": {"type": "integer"}}})
+    image = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": PNG}}]
+    schema = {"type": "object", "b": [1, 2]}
+    requests: list[Any] = [
+        ab.GenerationRequest("text", request_id="ignored"),
+        ab.GenerationRequest(
+            "text", ab.SamplingParams(max_tokens=3, stop=("a", "b"), seed=4, json_schema=schema)
+        ),
+        ab.GenerationRequest(
+            [{"role": "user", "content": "hi"}],
+            ab.SamplingParams(logprobs=True),
+            tools=(tool,),
+            tool_choice="add",
+        ),
+        ab.GenerationRequest([{"role": "user", "content": image}]),
+        ab.GenerationRequest(
+            [1, 2, 3], ab.SamplingParams(n=2, temperature=1.0, min_p=0.1, reasoning_effort="low")
+        ),
+        ab.LoglikelihoodRequest("ctx", " cont"),
+        ab.RollingLoglikelihoodRequest("rolling text"),
+    ]
+    backend = ab.create_backend("mock")
+    assert [ab.ResponseCache.key(None, backend, r) for r in requests] == [  # type: ignore[arg-type]
+        "d47d040166b050e32a5e6d887e3223446ef35a78a79ea03ed9f86c93bd035d83",
+        "479c7c2ec121d0d6b1d29d11df3456cfa6ef74db87d9279ea4736d0bd67d44f3",
+        "f6277e83664caff295e09f975fd26eec174bb412518f81f6664bc6137e0a7298",
+        "88653a52fee07577bdc83ccaf7cf8c8ab5b78af8db24af35fd71b488c53f00a3",
+        "44db5077cd3182640fa6e2c5cdaae0e583f512650f25629bc28619bdec9f7c2f",
+        "2802a40c7618638fb78fddea88a315d52ad2e66330ba7643ff9f937ce0654527",
+        "969659c0a3e5d259a1613ab913d732c8a52c86d61d134335178474414ce110b0",
+    ]
+    assert image[1]["image_url"]["url"] == PNG  # the request's own message is left as it was
