@@ -128,10 +128,8 @@ class ResponseCache(BatchRecords):
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
                 found.update((key, (kind, value)) for key, kind, value in self._db.execute(query, chunk))
-        for key in keys:
-            queued = self._writer.get(key)
-            if queued is not None:
-                found[key] = encode_result(queued[0])
+        for key, (result, _) in self._writer.get_many(keys).items():
+            found[key] = encode_result(result)
         return found
 
     def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:

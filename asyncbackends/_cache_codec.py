@@ -62,20 +62,63 @@ class Keyer:
 
     The digest is of ``json.dumps([fingerprint, canonical request], sort_keys=True, default=str)``, the
     form every cache file holds; written as two halves so the fingerprint's is hashed once per run, not
-    once per request.
+    once per request. A text or token prompt's request is written out directly (keys in sorted order, as
+    ``sort_keys`` writes them), its params serialised once per distinct params: requests of one eval share
+    equal ones, and the params are most of the work.
     """
 
-    __slots__ = ("_prefix",)
+    __slots__ = ("_params", "_prefix")
 
     def __init__(self, backend: AsyncBackend) -> None:
         fingerprint = json.dumps(backend_fingerprint(backend), sort_keys=True, default=str)
         self._prefix = hashlib.sha256(f"[{fingerprint}, ".encode())
+        self._params: dict[SamplingParams, str] = {}
 
     def __call__(self, request: Request) -> str:
         digest = self._prefix.copy()
-        digest.update(json.dumps(_canonical_request(request), sort_keys=True, default=str).encode())
+        text = self._generation(request) if type(request) is GenerationRequest else None
+        if text is None:
+            text = json.dumps(_canonical_request(request), sort_keys=True, default=str)
+        digest.update(text.encode())
         digest.update(b"]")
         return digest.hexdigest()
+
+    def _generation(self, request: GenerationRequest) -> str | None:
+        """The canonical JSON of a text or token prompt's request; ``None`` for chat (the general path)."""
+        prompt = request.prompt
+        if not _DIRECT or not (type(prompt) is str or (prompt and type(prompt[0]) is int)):
+            return None
+        params = request.params
+        try:
+            # By value: equal params write equal JSON (their numbers are normalised when built), except in
+            # a JSON Schema, where 1 == 1.0 but each is written as given: those are not looked up.
+            written = self._params[params] if params.json_schema is None else None
+        except KeyError:
+            written = None
+        if written is None:
+            if len(self._params) >= _PARAMS_KEPT:
+                self._params.clear()
+            written = json.dumps(plain(params), sort_keys=True, default=str)
+            if params.json_schema is None:
+                self._params[params] = written
+        text = f'{{"params": {written}, "prompt": {json.dumps(prompt)}'
+        if request.tool_choice != "auto":
+            text += f', "tool_choice": {json.dumps(request.tool_choice)}'
+        if request.tools:
+            text += f', "tools": {json.dumps(plain(request.tools), sort_keys=True, default=str)}'
+        return text + ', "type": "GenerationRequest"}'
+
+
+_PARAMS_KEPT = 256
+# The direct path writes exactly these fields; a field added to the request type falls back to the general
+# path (which writes every field) until the direct one is taught it.
+_DIRECT = tuple(f.name for f in dataclasses.fields(GenerationRequest)) == (
+    "prompt",
+    "params",
+    "request_id",
+    "tools",
+    "tool_choice",
+)
 
 
 def fingerprint_key(backend: AsyncBackend) -> str:
@@ -135,7 +178,11 @@ def plain(value: Any) -> Any:
             tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else None
         )
     if fields is not None:
-        return {name: plain(getattr(value, name)) for name in fields}
+        data = {}
+        for name in fields:
+            field = getattr(value, name)
+            data[name] = field if type(field) in _SCALARS else plain(field)
+        return data
     if kind is tuple or kind is list:
         if not value or type(value[0]) in _SCALARS:
             return value
@@ -159,6 +206,21 @@ def encode_result(result: Result) -> tuple[str, str]:
     return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
 
 
+def _completion(c: dict[str, Any]) -> Completion:
+    calls, texts, logprobs = c.get("tool_calls"), c.get("token_texts"), c["logprobs"]
+    return Completion(
+        c["text"],
+        tuple(c["token_ids"]),
+        None if logprobs is None else tuple(logprobs),
+        c["finish_reason"],
+        tuple(ToolCall(**call) for call in calls) if calls else (),
+        c.get("reasoning"),
+        c.get("reasoning_tokens", 0),
+        c.get("reasoning_truncated", False),
+        tuple(texts) if texts else (),
+    )
+
+
 def _tuple(values: Any) -> tuple[Any, ...] | None:
     return None if values is None else tuple(values)
 
@@ -167,21 +229,14 @@ def decode_result(kind: str, value: str, request_id: str | None) -> Result:
     data = json.loads(value)
     data["request_id"] = request_id
     if kind == "GenerationResult":
-        completions = tuple(
-            Completion(
-                text=c["text"],
-                token_ids=tuple(c["token_ids"]),
-                logprobs=_tuple(c["logprobs"]),
-                finish_reason=c["finish_reason"],
-                tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
-                reasoning=c.get("reasoning"),
-                reasoning_tokens=c.get("reasoning_tokens", 0),
-                reasoning_truncated=c.get("reasoning_truncated", False),
-                token_texts=tuple(c.get("token_texts", ())),
-            )
-            for c in data.pop("completions")
+        # Positional and without empty generators: a resume decodes one result per request.
+        return GenerationResult(
+            request_id,
+            tuple(map(_completion, data["completions"])),
+            data.get("prompt_tokens"),
+            data.get("model"),
+            data.get("generated_tokens"),
         )
-        return GenerationResult(completions=completions, **data)
     if kind == "LoglikelihoodResult":
         data["token_logprobs"] = _tuple(data.get("token_logprobs"))
         return LoglikelihoodResult(**data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ._types import Result
 
@@ -69,6 +69,14 @@ class GroupWriter:
         """A result queued or being committed (``None`` once committed: read it from the file)."""
         with self._changed:
             return self._waiting.get(key) or self._writing.get(key)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Row]:
+        """`get` for each of ``keys``, those found."""
+        with self._changed:
+            if not self._waiting and not self._writing:
+                return {}
+            found = {k: row for k in keys if (row := self._waiting.get(k) or self._writing.get(k))}
+        return found
 
     def flush(self) -> None:
         """Block until every result queued before this call is committed (or its commit failed)."""

@@ -5,12 +5,21 @@ What SQLite is asked is counted from its own trace of the statements it runs (``
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncbackends as ab
+import asyncbackends.abc
+from asyncbackends._cache_codec import Keyer
 from asyncbackends._cache_writer import DEFAULT_WINDOW, GroupWriter, Row
 
 N = 2_000
@@ -94,3 +103,53 @@ def test_a_queued_result_is_committed_within_the_window_without_a_flush(tmp_path
         writer.close()
     when, size = committed[0]
     assert size == 3 and when - queued >= DEFAULT_WINDOW  # grouped: waited for the window, not flushed
+
+
+def digest_as_files_hold_it(backend: ab.abc.AsyncBackend, request: Any) -> str:
+    """The key as the first cache files were written: ``dataclasses.asdict`` of the request, id left out."""
+    data = dataclasses.asdict(request)
+    data.pop("request_id")
+    data["type"] = type(request).__name__
+    if not data["tools"]:
+        data.pop("tools")
+    if data["tool_choice"] == "auto":
+        data.pop("tool_choice")
+    fingerprint = dict(backend.fingerprint)  # type: ignore[attr-defined]
+    return hashlib.sha256(json.dumps([fingerprint, data], sort_keys=True, default=str).encode()).hexdigest()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompt=st.one_of(st.text(min_size=1), st.lists(st.integers(0, 2**31), min_size=1, max_size=20)),
+    max_tokens=st.integers(0, 4096),
+    temperature=st.sampled_from([0, 0.0, 0.7, 1, 1.5]),
+    stop=st.lists(st.text(min_size=1, max_size=5), max_size=3).map(tuple),
+    seed=st.one_of(st.none(), st.integers(0, 2**31)),
+    penalty=st.one_of(st.none(), st.floats(-2, 2, allow_nan=False)),
+    schema=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)),
+    tool_choice=st.sampled_from(["auto", "none"]),
+)
+def test_text_and_token_keys_are_the_digests_files_hold(
+    prompt: Any,
+    max_tokens: int,
+    temperature: float,
+    stop: tuple[str, ...],
+    seed: int | None,
+    penalty: float | None,
+    schema: dict[str, int] | None,
+    tool_choice: str,
+) -> None:
+    params = ab.SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        stop=stop,
+        seed=seed,
+        presence_penalty=penalty,
+        json_schema=schema,
+    )
+    request = ab.GenerationRequest(prompt, params, request_id="ignored", tool_choice=tool_choice)
+    backend = ab.create_backend("mock")
+    keyer = Keyer(backend)
+    expected = digest_as_files_hold_it(backend, request)
+    assert keyer(request) == expected
+    assert keyer(request) == expected  # the params' JSON kept from the first call
