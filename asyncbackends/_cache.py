@@ -115,15 +115,16 @@ class ResponseCache(BatchRecords):
         found = self.stored([self.key(backend, request)])
         return next((decode_result(kind, value, request.request_id) for kind, value in found.values()), None)
 
-    def stored(self, keys: Sequence[str]) -> dict[str, tuple[str, str]]:
+    def stored(self, keys: Sequence[str], *, queued_only: bool = False) -> dict[str, tuple[str, str]]:
         """The stored ``(kind, value)`` of each of ``keys`` found, queued results included.
 
         One query per chunk of keys (a set lookup), so a resume reads its cached part at the speed SQLite
-        reads rows, not at one round trip per request.
+        reads rows, not at one round trip per request. ``queued_only``: look among the results waiting
+        for their commit only (a run that started on an empty file).
         """
         found: dict[str, tuple[str, str]] = {}
         with self._lock:
-            for start in range(0, len(keys), _KEYS_PER_QUERY):
+            for start in range(0, 0 if queued_only else len(keys), _KEYS_PER_QUERY):
                 chunk = keys[start : start + _KEYS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
@@ -131,6 +132,12 @@ class ResponseCache(BatchRecords):
         for key, (result, _) in self._writer.get_many(keys).items():
             found[key] = encode_result(result)
         return found
+
+    def empty(self) -> bool:
+        """Whether no result is stored or queued."""
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM results LIMIT 1").fetchone()
+        return row is None and self._writer.idle()
 
     def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""

@@ -202,8 +202,55 @@ def _jsonable(value: object) -> object:
 
 
 def encode_result(result: Result) -> tuple[str, str]:
-    data = plain(result)
-    return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
+    if type(result) is GenerationResult and _DIRECT_RESULTS:
+        data: Any = {
+            "request_id": result.request_id,
+            "completions": [_completion_data(c) for c in result.completions],
+            "prompt_tokens": result.prompt_tokens,
+            "model": result.model,
+            "generated_tokens": result.generated_tokens,
+        }
+    else:
+        data = plain(result)
+    return type(result).__name__, _dumps(data)
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), default=_jsonable).encode
+
+
+def _completion_data(c: Completion) -> dict[str, Any]:
+    return {
+        "text": c.text,
+        "token_ids": c.token_ids,
+        "logprobs": c.logprobs,
+        "finish_reason": c.finish_reason,
+        "tool_calls": [plain(call) for call in c.tool_calls] if c.tool_calls else [],
+        "reasoning": c.reasoning,
+        "reasoning_tokens": c.reasoning_tokens,
+        "reasoning_truncated": c.reasoning_truncated,
+        "token_texts": c.token_texts,
+    }
+
+
+# The direct path writes exactly these fields; a field added to a result type is written by `plain` (every
+# field) until the direct one is taught it.
+_DIRECT_RESULTS = tuple(f.name for f in dataclasses.fields(GenerationResult)) == (
+    "request_id",
+    "completions",
+    "prompt_tokens",
+    "model",
+    "generated_tokens",
+) and tuple(f.name for f in dataclasses.fields(Completion)) == (
+    "text",
+    "token_ids",
+    "logprobs",
+    "finish_reason",
+    "tool_calls",
+    "reasoning",
+    "reasoning_tokens",
+    "reasoning_truncated",
+    "token_texts",
+)
 
 
 def _completion(c: dict[str, Any]) -> Completion:

@@ -78,6 +78,11 @@ class GroupWriter:
             found = {k: row for k in keys if (row := self._waiting.get(k) or self._writing.get(k))}
         return found
 
+    def idle(self) -> bool:
+        """Whether nothing waits or is being committed."""
+        with self._changed:
+            return not self._waiting and not self._writing
+
     def flush(self) -> None:
         """Block until every result queued before this call is committed (or its commit failed)."""
         with self._changed:

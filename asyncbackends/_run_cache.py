@@ -35,6 +35,12 @@ def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
     """The indices of ``run``'s requests not in ``cache``, in order; hits delivered on the way."""
     requests = run.requests
     keyer = Keyer(run.backend)
+    # Started on an empty file, a run finds nothing in it but what it stores itself: only the results
+    # still queued are looked at (a request repeated after its first answer was committed is sent again).
+    try:
+        fresh = cache.empty()
+    except sqlite3.Error:
+        fresh = False  # an unreadable file: each chunk's lookup fails, counted and warned below
     for start in range(0, len(requests), CHUNK):
         keys: dict[int, str] = {}
         for index in range(start, min(start + CHUNK, len(requests))):
@@ -45,7 +51,7 @@ def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
             except Exception:  # not a request: the worker refuses it with its own error
                 continue
         try:
-            found = cache.stored(list(keys.values()))
+            found = cache.stored(list(keys.values()), queued_only=fresh)
         except sqlite3.Error as exc:
             # An unreadable database: every request of the chunk is sent (and counted as a failed read).
             found = {}
