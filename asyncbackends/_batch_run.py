@@ -30,10 +30,11 @@ from typing import Any, TypeVar
 from ._batch import BatchLine, BatchStatus, SupportsBatch
 from ._cache import ResponseCache, open_cache
 from ._cache_batches import BatchRecord, custom_id_key
-from ._cache_codec import request_key
+from ._cache_codec import Keyer
 from ._observability.observe import RequestObserver, RunObserver
 from ._options import RetryPolicy, RunOptions
 from ._run import Outcome
+from ._run_cache import looked_up
 from ._types import GenerationRequest, GenerationResult, Request
 from .errors import (
     AsyncBackendsError,
@@ -152,16 +153,18 @@ class BatchRun:
     async def _run(self) -> None:
         backend: SupportsBatch = self.backend
         seen: Counter[str] = Counter()
-        for index, request in enumerate(self.requests):
-            assert isinstance(request, GenerationRequest)
-            key = request_key(self.backend, request)
-            if self.cache is not None:
-                cached = await self.cache.aget(self.backend, request)
-                if cached is not None:
-                    if self.metrics is not None:
-                        self.metrics.cache_hits += 1
-                    self._deliver(index, cached, cache_hit=True)
-                    continue
+        if self.cache is not None:
+            found = looked_up(self.cache, self.backend, self.requests, self.metrics)
+        else:
+            keyer = Keyer(self.backend)
+            found = ((i, keyer(r), None) for i, r in enumerate(self.requests))
+        for index, key, cached in found:
+            assert key is not None  # checked: every request is a GenerationRequest
+            if cached is not None:
+                if self.metrics is not None:
+                    self.metrics.cache_hits += 1
+                self._deliver(index, cached, cache_hit=True)
+                continue
             custom_id = f"{key}-{seen[key]}"
             seen[key] += 1
             self.pending[custom_id] = index

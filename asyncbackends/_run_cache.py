@@ -14,17 +14,19 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ._cache import ResponseCache
 from ._cache_codec import Keyer
+from ._observability.run_metrics import RunMetrics
+from ._protocol import AsyncBackend
 from ._types import Request, Result
 
 if TYPE_CHECKING:
     from ._run import Run
 
-__all__ = ["CHUNK", "misses", "settle"]
+__all__ = ["CHUNK", "looked_up", "misses", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,24 @@ CHUNK = 512  # requests looked up in one query: one round trip for many, and lit
 def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
     """The indices of ``run``'s requests not in ``cache``, in order; hits delivered on the way."""
     requests = run.requests
-    keyer = Keyer(run.backend)
+    for index, key, result in looked_up(cache, run.backend, requests, run.metrics):
+        if result is not None:
+            deliver_hit(run, index, requests[index], result)
+            continue
+        if key is not None and cache.cacheable(requests[index]):
+            run.keys[index] = key
+        yield index
+
+
+def looked_up(
+    cache: ResponseCache, backend: AsyncBackend, requests: Sequence[Request], metrics: RunMetrics | None
+) -> Iterator[tuple[int, str | None, Result | None]]:
+    """Each request's index, key (``None``: not a request) and stored result (``None``: a miss), in order.
+
+    A chunk of keys per query; an unreadable entry or database is a miss, counted in ``read_failures``
+    (and the metrics) and warned once per cause.
+    """
+    keyer = Keyer(backend)
     # Started on an empty file, a run finds nothing in it but what it stores itself: only the results
     # still queued are looked at (a request repeated after its first answer was committed is sent again).
     try:
@@ -42,36 +61,30 @@ def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
     except sqlite3.Error:
         fresh = False  # an unreadable file: each chunk's lookup fails, counted and warned below
     for start in range(0, len(requests), CHUNK):
+        chunk = range(start, min(start + CHUNK, len(requests)))
         keys: dict[int, str] = {}
-        for index in range(start, min(start + CHUNK, len(requests))):
-            request = requests[index]
+        for index in chunk:
             try:
-                if cache.cacheable(request):
-                    keys[index] = keyer(request)
+                keys[index] = keyer(requests[index])
             except Exception:  # not a request: the worker refuses it with its own error
                 continue
+        wanted = [key for index, key in keys.items() if cache.cacheable(requests[index])]
         try:
-            found = cache.stored(list(keys.values()), queued_only=fresh)
+            found = cache.stored(wanted, queued_only=fresh)
         except sqlite3.Error as exc:
             # An unreadable database: every request of the chunk is sent (and counted as a failed read).
             found = {}
-            for _ in keys:
+            for _ in wanted:
                 cache.read_failed(exc)
-                if run.metrics is not None:
-                    run.metrics.cache_read_failures += 1
-        for index in range(start, min(start + CHUNK, len(requests))):
+                if metrics is not None:
+                    metrics.cache_read_failures += 1
+        for index in chunk:
             key = keys.get(index)
             row = None if key is None else found.get(key)
-            if row is not None:
-                result = cache.read(row[0], row[1], requests[index].request_id)
-                if result is not None:
-                    deliver_hit(run, index, requests[index], result)
-                    continue
-                if run.metrics is not None:
-                    run.metrics.cache_read_failures += 1
-            if key is not None:
-                run.keys[index] = key
-            yield index
+            result = None if row is None else cache.read(row[0], row[1], requests[index].request_id)
+            if row is not None and result is None and metrics is not None:
+                metrics.cache_read_failures += 1
+            yield index, key, result
 
 
 def deliver_hit(run: Run, index: int, request: Request, result: Result) -> None:

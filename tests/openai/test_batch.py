@@ -616,3 +616,22 @@ async def test_an_upload_in_progress_ends_when_the_backend_is_closed() -> None:
 
     answering = asyncio.Event()
     await ab.get_loop_manager().arun(scenario())
+
+
+async def test_a_batch_run_finds_its_cached_part_a_chunk_of_keys_per_query(
+    server: FakeOpenAIBatchServer, tmp_path: Path
+) -> None:
+    requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(1_000)]
+    backend = await backend_on(server)
+    cache = ab.ResponseCache(tmp_path / "run.sqlite")
+    try:
+        first = await ab.gather(backend, requests, batch=True, cache=cache)
+        selects: list[str] = []
+        cache._db.set_trace_callback(lambda s: selects.append(s) if s.lstrip().startswith("SELECT") else None)
+        metrics = ab.RunMetrics()
+        again = await ab.gather(backend, requests, batch=True, cache=cache, metrics=metrics)
+    finally:
+        cache.close()
+        await backend.aclose()
+    assert again == first and metrics.cache_hits == 1_000 and server.uploads == 1
+    assert len(selects) <= 10  # one per request before: 1,000
