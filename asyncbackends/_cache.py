@@ -156,7 +156,10 @@ class ResponseCache(BatchRecords):
 
         Never waits for SQLite: the group is committed on the cache's writer thread.
         """
-        self._writer.put(key, (result, backend_name))
+        try:
+            self._writer.put(key, (result, backend_name))
+        except RuntimeError as exc:  # closed under a run: as a failed write, the caller still gets it
+            log.warning("response cache %s: write failed: %s", self.path, exc)
 
     def flush(self) -> None:
         """Block until every queued result is committed."""

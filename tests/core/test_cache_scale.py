@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,3 +154,12 @@ def test_text_and_token_keys_are_the_digests_files_hold(
     expected = digest_as_files_hold_it(backend, request)
     assert keyer(request) == expected
     assert keyer(request) == expected  # the params' JSON kept from the first call
+
+
+def test_a_result_queued_on_a_closed_cache_is_logged_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = ab.ResponseCache(tmp_path / "c.sqlite")
+    cache.close()
+    cache.queue("k", "mock", ab.GenerationResult("x", (ab.Completion("x"),)))  # as a run's worker would
+    assert "write failed" in caplog.text
