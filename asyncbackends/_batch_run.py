@@ -19,6 +19,7 @@ requests are sent). Uploads, creation and polls are retried by the run's `RetryP
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -27,10 +28,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ._batch import BatchLine, BatchStatus, SupportsBatch
-from ._cache import BatchRecord, ResponseCache, open_cache, request_key
+from ._cache import ResponseCache, open_cache
+from ._cache_batches import BatchRecord, custom_id_key
+from ._cache_codec import Keyer
 from ._observability.observe import RequestObserver, RunObserver
 from ._options import RetryPolicy, RunOptions
 from ._run import Outcome
+from ._run_cache import looked_up
 from ._types import GenerationRequest, GenerationResult, Request
 from .errors import (
     AsyncBackendsError,
@@ -51,10 +55,16 @@ _EXPIRED, _CANCELLED = "expired", "cancelled"
 
 
 class _Batch:
-    """A batch this run waits for: its record and the custom ids this run needs from it."""
+    """A batch this run waits for: its record, the custom ids this run needs from it, and the others.
 
-    def __init__(self, record: BatchRecord, wanted: set[str]) -> None:
-        self.record, self.wanted = record, wanted
+    ``others`` are the requests of an adopted batch that this run does not send (a killed run's, with a
+    different request set): their answers are paid for, so they are read and stored with this run's.
+    """
+
+    def __init__(
+        self, record: BatchRecord, wanted: set[str], others: dict[str, GenerationRequest] | None = None
+    ) -> None:
+        self.record, self.wanted, self.others = record, wanted, others or {}
         self.status: BatchStatus | None = None
         self.poll_failures = 0
 
@@ -143,16 +153,18 @@ class BatchRun:
     async def _run(self) -> None:
         backend: SupportsBatch = self.backend
         seen: Counter[str] = Counter()
-        for index, request in enumerate(self.requests):
-            assert isinstance(request, GenerationRequest)
-            key = request_key(self.backend, request)
-            if self.cache is not None:
-                cached = await self.cache.aget(self.backend, request)
-                if cached is not None:
-                    if self.metrics is not None:
-                        self.metrics.cache_hits += 1
-                    self._deliver(index, cached, cache_hit=True)
-                    continue
+        if self.cache is not None:
+            found = looked_up(self.cache, self.backend, self.requests, self.metrics)
+        else:
+            keyer = Keyer(self.backend)
+            found = ((i, keyer(r), None) for i, r in enumerate(self.requests))
+        for index, key, cached in found:
+            assert key is not None  # checked: every request is a GenerationRequest
+            if cached is not None:
+                if self.metrics is not None:
+                    self.metrics.cache_hits += 1
+                self._deliver(index, cached, cache_hit=True)
+                continue
             custom_id = f"{key}-{seen[key]}"
             seen[key] += 1
             self.pending[custom_id] = index
@@ -180,15 +192,38 @@ class BatchRun:
         await self._wait()
 
     def _adopt_recorded(self) -> None:
-        """Batches a killed run started for these requests: waited for, not sent again."""
+        """Batches a killed run started for these requests: waited for, not sent again.
+
+        A batch holding any of this run's requests is adopted whole: every answer in it is stored, this
+        run's and the killed run's others alike, so none is paid for twice. A record none of whose requests
+        this run sends is another run's, left for it, unless its answers are all stored already (a run
+        killed between storing them and dropping the record, before both were one transaction).
+        """
         if self.cache is None:
             return
         for record in self.cache.batch_records(self.backend):
             wanted = {c for c in record.custom_ids if c in self.pending}
-            if wanted:  # another run's batch on the same cache is left for that run
+            if wanted:
+                others = {
+                    c: r for c, r in zip(record.custom_ids, record.requests, strict=False) if c not in wanted
+                }
                 log.info("batch: resuming %s (%d requests)", record.batch_id or record.file_id, len(wanted))
-                self.batches.append(_Batch(record, wanted))
+                self.batches.append(_Batch(record, wanted, others))
                 self._started(wanted)
+            elif self._answered(record):
+                log.info("batch: %s was read back already; forgetting it", record.batch_id or record.file_id)
+                self.cache.remove_batch(record.file_id)
+
+    def _answered(self, record: BatchRecord) -> bool:
+        """Whether every cacheable answer of ``record`` is stored (one it cannot cache counts as read)."""
+        assert self.cache is not None
+        cache = self.cache
+        if record.requests:
+            ids = [c for c, r in zip(record.custom_ids, record.requests, strict=False) if cache.cacheable(r)]
+        else:
+            ids = list(record.custom_ids)
+        keys = {custom_id_key(c) for c in ids}
+        return len(cache.stored_keys(keys)) == len(keys)
 
     def _split(self, items: list[tuple[str, BatchLine]]) -> list[list[tuple[str, BatchLine]]]:
         limits = self.backend.batch_limits
@@ -219,7 +254,7 @@ class BatchRun:
         except BackendError as exc:
             self._fail(set(ids), exc)
             return
-        record = BatchRecord(file_id, endpoint, None, ids)
+        record = BatchRecord(file_id, endpoint, None, ids, tuple(self._request(c) for c in ids))
         # Recorded before the batch exists: killed before the next write, a restart finds it by its file.
         if self.cache is not None:
             self.cache.add_batch(self.backend, record)
@@ -244,9 +279,9 @@ class BatchRun:
             if self.cache is not None:
                 self.cache.remove_batch(record.file_id)
             return
-        batch.record = BatchRecord(record.file_id, record.endpoint, batch_id, record.custom_ids)
+        batch.record = dataclasses.replace(record, batch_id=batch_id)
         if self.cache is not None:
-            self.cache.add_batch(self.backend, batch.record)
+            self.cache.set_batch_id(record.file_id, batch_id)
         log.info("batch: started %s (%d requests)", batch_id, len(record.custom_ids))
 
     async def _wait(self) -> None:
@@ -294,22 +329,22 @@ class BatchRun:
     async def _collect(self, batch: _Batch, status: BatchStatus) -> None:
         backend: SupportsBatch = self.backend
         wanted = {c: self._request(c) for c in batch.wanted if c in self.pending}
+        every = {**batch.others, **wanted}
         try:
-            outcomes = await self._retrying(lambda _: backend.batch_outcomes(status, wanted))
+            outcomes = await self._retrying(lambda _: backend.batch_outcomes(status, every))
         except BackendError as exc:
             self.batches.remove(batch)
             self._fail(set(wanted), exc)
             return
         self.batches.remove(batch)
         if self.cache is not None:
-            results = [(wanted[c], r) for c, r in outcomes.items() if isinstance(r, GenerationResult)]
+            results = [(every[c], r) for c, r in outcomes.items() if isinstance(r, GenerationResult)]
             try:
-                self.cache.put_many(self.backend, results)
+                # Stored and the record dropped at once (killed before, a restart reads the batch again),
+                # and before any is delivered: a failed request raised from here is sent again next run.
+                self.cache.store_batch(self.backend, batch.record.file_id, results)
             except sqlite3.Error as exc:  # as a failed single write: the caller still gets the results
                 log.warning("response cache %s: write failed: %s", self.cache.path, exc)
-            # Dropped once its results are stored (killed before, a restart reads the batch again), and
-            # before any is delivered: a failed request raised from here is sent again by the next run.
-            self.cache.remove_batch(batch.record.file_id)
         for custom_id, request in wanted.items():
             outcome = outcomes.get(custom_id)
             if outcome is None:

@@ -1,52 +1,46 @@
 """`ResponseCache`: a resumable SQLite cache of results, written as they arrive.
 
-``gather(..., cache="run.sqlite")`` looks each request up before sending it and stores each result in its own
-committed transaction the moment it arrives, so a run killed at any instant resumes by sending only what is
-missing. Errors are never stored. The key is the backend's fingerprint (adapter, model and the options that
-change outputs, never a secret) plus the canonical request without its id. Unseeded sampling is not
-reproducible, so it is cached only when asked for (``cache_unseeded=True``). The file is created with mode
-0600 and opened in WAL mode, so readers (``asyncbackends cache stats``) never block the writer.
+``gather(..., cache="run.sqlite")`` looks its requests up a chunk at a time before sending them and stores
+each result with the next group commit (`_cache_writer`: within 50 ms, on a thread), so a run killed at any
+instant resumes by sending only what is missing, at most the last window's results again. Errors are never
+stored. The key is the backend's fingerprint (adapter, model and the options that change outputs, never a
+secret) plus the canonical request without its id (`_cache_codec`). Unseeded sampling is not reproducible,
+so it is cached only when asked for (``cache_unseeded=True``). The file is created with mode 0600 and opened
+in WAL mode, so readers (``asyncbackends cache stats``) never block the writer. Provider batches in flight
+are recorded beside the results (`BatchRecord`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
 import logging
-import operator
 import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._chat import image_digest
-from ._protocol import AsyncBackend, SupportsFingerprint
-from ._types import (
-    Completion,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodResult,
-    Request,
-    Result,
-    ToolCall,
+from ._cache_batches import BATCH_SCHEMA, BatchRecords
+from ._cache_batches import BatchRecord as BatchRecord  # where abc.py and earlier code import it
+from ._cache_codec import backend_fingerprint as backend_fingerprint  # imported from here by adapters' tests
+from ._cache_codec import (
+    decode_result,
+    encode_result,
+    request_key,
 )
+from ._cache_writer import GroupWriter, Row
+from ._protocol import AsyncBackend
+from ._types import GenerationRequest, Request, Result
 from .errors import InvalidRequestError
 
-__all__ = [
-    "BatchRecord",
-    "CacheReadWarning",
-    "ResponseCache",
-    "backend_fingerprint",
-    "open_cache",
-    "request_key",
-]
+__all__ = ["CacheReadWarning", "ResponseCache", "open_cache"]
 
 log = logging.getLogger(__name__)
+
+# SQLite's default limit on one statement's parameters is 32,766 (since 3.32); well under it.
+_KEYS_PER_QUERY = 500
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -58,133 +52,6 @@ CREATE TABLE IF NOT EXISTS results (
 )
 """
 
-# Provider batches in flight (``gather(..., batch=True)``): one row per uploaded input file, its batch id
-# once created, so a restarted run polls them instead of sending their requests again.
-_BATCH_SCHEMA = """
-CREATE TABLE IF NOT EXISTS batches (
-    file_id TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    batch_id TEXT,
-    custom_ids TEXT NOT NULL,
-    created REAL NOT NULL DEFAULT (julianday('now'))
-)
-"""
-
-
-def backend_fingerprint(backend: AsyncBackend) -> Mapping[str, Any]:
-    """What identifies a backend's outputs: its ``fingerprint`` (`SupportsFingerprint`), else its name.
-
-    Adapters whose outputs depend on a model or options expose ``fingerprint`` (a JSON-able mapping, with
-    no secret in it); two backends with equal fingerprints must give equal results for equal requests.
-    """
-    fingerprint = backend.fingerprint if isinstance(backend, SupportsFingerprint) else None
-    if fingerprint is None:
-        return {"name": backend.name}
-    return dict(fingerprint)
-
-
-def request_key(backend: AsyncBackend, request: Request) -> str:
-    """The cache key of ``request`` sent to ``backend``: a SHA-256 hex digest, without the request id."""
-    payload = json.dumps(
-        [backend_fingerprint(backend), _canonical_request(request)], sort_keys=True, default=str
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _fingerprint_key(backend: AsyncBackend) -> str:
-    return hashlib.sha256(
-        json.dumps(backend_fingerprint(backend), sort_keys=True, default=str).encode()
-    ).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """A provider batch a run started and has not read back yet.
-
-    Args:
-        file_id: The uploaded input file.
-        endpoint: The batch's endpoint.
-        batch_id: The batch, once created (``None``: killed between uploading and recording the batch).
-        custom_ids: The requests in it, in line order.
-    """
-
-    file_id: str
-    endpoint: str
-    batch_id: str | None
-    custom_ids: tuple[str, ...]
-
-
-def _canonical_request(request: Request) -> dict[str, Any]:
-    data = dataclasses.asdict(request)
-    data.pop("request_id", None)
-    data["type"] = type(request).__name__
-    if isinstance(request, GenerationRequest):
-        # Left out at their defaults, so a text request's key is what it was before tools existed.
-        if not request.tools:
-            data.pop("tools")
-        if request.tool_choice == "auto":
-            data.pop("tool_choice")
-        if request.images:
-            data["prompt"] = [_hash_images(m) for m in data["prompt"]]
-    return data
-
-
-def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
-    # An image counts by its content: the same bytes key the same however the data URL was written.
-    content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = [
-            {**p, "image_url": {**p["image_url"], "url": "sha256:" + image_digest(p["image_url"]["url"], 64)}}
-            if p.get("type") == "image_url"
-            else p
-            for p in content
-        ]
-    return message
-
-
-def _jsonable(value: object) -> object:
-    # Engines hand out numpy scalars; the result types accept anything int- or float-like in a tuple.
-    if hasattr(value, "__index__"):
-        return operator.index(value)
-    if hasattr(value, "__float__"):
-        return float(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def _encode(result: Result) -> tuple[str, str]:
-    data = dataclasses.asdict(result)
-    return type(result).__name__, json.dumps(data, separators=(",", ":"), default=_jsonable)
-
-
-def _tuple(values: Any) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)
-
-
-def _decode(kind: str, value: str, request_id: str | None) -> Result:
-    data = json.loads(value)
-    data["request_id"] = request_id
-    if kind == "GenerationResult":
-        completions = tuple(
-            Completion(
-                text=c["text"],
-                token_ids=tuple(c["token_ids"]),
-                logprobs=_tuple(c["logprobs"]),
-                finish_reason=c["finish_reason"],
-                tool_calls=tuple(ToolCall(**call) for call in c.get("tool_calls", ())),
-                reasoning=c.get("reasoning"),
-                reasoning_tokens=c.get("reasoning_tokens", 0),
-                reasoning_truncated=c.get("reasoning_truncated", False),
-                token_texts=tuple(c.get("token_texts", ())),
-            )
-            for c in data.pop("completions")
-        )
-        return GenerationResult(completions=completions, **data)
-    if kind == "LoglikelihoodResult":
-        data["token_logprobs"] = _tuple(data.get("token_logprobs"))
-        return LoglikelihoodResult(**data)
-    raise ValueError(f"unknown result kind {kind!r}")
-
 
 class CacheReadWarning(RuntimeWarning):
     """A stored result could not be read back, so its request is sent again.
@@ -195,7 +62,7 @@ class CacheReadWarning(RuntimeWarning):
     """
 
 
-class ResponseCache:
+class ResponseCache(BatchRecords):
     """A SQLite file of results keyed by backend fingerprint and canonical request.
 
     Safe to share between threads and runs; one process writes at a time.
@@ -219,9 +86,13 @@ class ResponseCache:
         # NORMAL in WAL mode survives a killed process (only a power cut can lose the last commits).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
-        self._db.execute(_BATCH_SCHEMA)
+        self._db.execute(BATCH_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(batches)")}
+        if "requests" not in columns:  # a file written before records kept their requests
+            self._db.execute("ALTER TABLE batches ADD COLUMN requests TEXT")
         self.read_failures = 0
         self._warned: set[str] = set()
+        self._writer = GroupWriter(self._commit_group)
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -241,17 +112,38 @@ class ResponseCache:
         """The stored result for ``request``, with its ``request_id`` set to the request's, or ``None``."""
         if not self.cacheable(request):
             return None
+        found = self.stored([self.key(backend, request)])
+        return next((decode_result(kind, value, request.request_id) for kind, value in found.values()), None)
+
+    def stored(self, keys: Sequence[str], *, queued_only: bool = False) -> dict[str, tuple[str, str]]:
+        """The stored ``(kind, value)`` of each of ``keys`` found, queued results included.
+
+        One query per chunk of keys (a set lookup), so a resume reads its cached part at the speed SQLite
+        reads rows, not at one round trip per request. ``queued_only``: look among the results waiting
+        for their commit only (a run that started on an empty file).
+        """
+        found: dict[str, tuple[str, str]] = {}
         with self._lock:
-            row = self._db.execute(
-                "SELECT kind, value FROM results WHERE key = ?", (self.key(backend, request),)
-            ).fetchone()
-        return None if row is None else _decode(row[0], row[1], request.request_id)
+            for start in range(0, 0 if queued_only else len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
+                found.update((key, (kind, value)) for key, kind, value in self._db.execute(query, chunk))
+        for key, (result, _) in self._writer.get_many(keys).items():
+            found[key] = encode_result(result)
+        return found
+
+    def empty(self) -> bool:
+        """Whether no result is stored or queued."""
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM results LIMIT 1").fetchone()
+        return row is None and self._writer.idle()
 
     def put(self, backend: AsyncBackend, request: Request, result: Result) -> None:
         """Store ``result`` for ``request`` in its own committed transaction."""
         if not self.cacheable(request):
             return
-        kind, value = _encode(result)
+        kind, value = encode_result(result)
         name = backend.name
         with self._lock:
             self._db.execute(
@@ -259,31 +151,75 @@ class ResponseCache:
                 (self.key(backend, request), kind, name, value),
             )
 
+    def queue(self, key: str, backend_name: str, result: Result) -> None:
+        """Store ``result`` under ``key`` with the next group commit (within 50 ms).
+
+        Never waits for SQLite: the group is committed on the cache's writer thread.
+        """
+        try:
+            self._writer.put(key, (result, backend_name))
+        except RuntimeError as exc:  # closed under a run: as a failed write, the caller still gets it
+            log.warning("response cache %s: write failed: %s", self.path, exc)
+
+    def flush(self) -> None:
+        """Block until every queued result is committed."""
+        self._writer.flush()
+
+    def _commit_group(self, group: Mapping[str, Row]) -> None:
+        rows = [(key, *encode_result(result), name) for key, (result, name) in group.items()]
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
+            )
+
+    def read(self, kind: str, value: str, request_id: str | None) -> Result | None:
+        """A stored row as a result with ``request_id``, or ``None`` (counted and warned) if unreadable."""
+        try:
+            return decode_result(kind, value, request_id)
+        except (ValueError, KeyError, TypeError, InvalidRequestError) as exc:
+            self.read_failed(exc)
+            return None
+
+    def read_failed(self, exc: Exception) -> None:
+        """Count a stored result that could not be read (its request is sent again); warn once per cause."""
+        self.read_failures += 1
+        cause = f"{type(exc).__name__}: {exc}"
+        log.debug("response cache %s: read failed, sending the request: %s", self.path, cause)
+        if type(exc).__name__ not in self._warned:
+            self._warned.add(type(exc).__name__)
+            warnings.warn(
+                CacheReadWarning(
+                    f"response cache {self.path}: a stored result could not be read ({cause}); its "
+                    "request is sent again, and so is every other entry failing this way (counted in "
+                    "ResponseCache.read_failures and RunMetrics.cache_read_failures)"
+                ),
+                stacklevel=3,
+            )
+
     def put_many(self, backend: AsyncBackend, pairs: Iterable[tuple[Request, Result]]) -> None:
         """Store several results in one committed transaction (a provider batch's, read back at once).
 
         One commit instead of one per result: a 20,000-request batch took 10.8 s to store one by one here.
         """
+        self._store(backend, pairs, forget=None)
+
+    def _store(
+        self, backend: AsyncBackend, pairs: Iterable[tuple[Request, Result]], forget: str | None
+    ) -> None:
         rows = [
-            (self.key(backend, request), *_encode(result), backend.name)
+            (request_key(backend, request), *encode_result(result), backend.name)
             for request, result in pairs
             if self.cacheable(request)
         ]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO results (key, kind, value, backend) VALUES (?, ?, ?, ?)", rows
+            )
+            if forget is not None:
+                self._db.execute("DELETE FROM batches WHERE file_id = ?", (forget,))
 
-    # Local SQLite reads and WAL commits take microseconds: doing them inline on the loop costs less than
-    # a hop to a worker thread would.
     async def aget(self, backend: AsyncBackend, request: Request) -> Result | None:
-        """Async form of `get`, as `gather` uses it: an unreadable entry or database is a miss.
+        """Async form of `get`: an unreadable entry or database is a miss.
 
         Each miss of that kind counts in `read_failures`; the first of each cause warns with
         `CacheReadWarning` naming it, since it means requests already paid for are sent again.
@@ -291,66 +227,31 @@ class ResponseCache:
         try:
             return self.get(backend, request)
         except (sqlite3.Error, ValueError, KeyError, TypeError, InvalidRequestError) as exc:
-            self.read_failures += 1
-            cause = f"{type(exc).__name__}: {exc}"
-            log.debug("response cache %s: read failed, sending the request: %s", self.path, cause)
-            if type(exc).__name__ not in self._warned:
-                self._warned.add(type(exc).__name__)
-                warnings.warn(
-                    CacheReadWarning(
-                        f"response cache {self.path}: a stored result could not be read ({cause}); its "
-                        "request is sent again, and so is every other entry failing this way (counted in "
-                        "ResponseCache.read_failures and RunMetrics.cache_read_failures)"
-                    ),
-                    stacklevel=2,
-                )
+            self.read_failed(exc)
             return None
 
     async def aput(self, backend: AsyncBackend, request: Request, result: Result) -> None:
-        """Async form of `put`, as `gather` uses it.
+        """Async form of `put`, committed with the next group (`queue`), as `gather` stores results.
 
         A failed write (disk full, database locked) is logged and the result still goes to the caller; only
         a resume would send that request again.
         """
+        if self.cacheable(request):
+            self.queue(self.key(backend, request), backend.name, result)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN")
         try:
-            self.put(backend, request, result)
-        except sqlite3.Error as exc:
-            log.warning("response cache %s: write failed: %s", self.path, exc)
-
-    # -- provider batches in flight -----------------------------------------------------------------
-
-    def batch_records(self, backend: AsyncBackend) -> list[BatchRecord]:
-        """The batches of ``backend`` (by fingerprint) started and not yet read back, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT file_id, endpoint, batch_id, custom_ids FROM batches WHERE fingerprint = ? "
-                "ORDER BY created, rowid",
-                (_fingerprint_key(backend),),
-            ).fetchall()
-        return [BatchRecord(r[0], r[1], r[2], tuple(json.loads(r[3]))) for r in rows]
-
-    def add_batch(self, backend: AsyncBackend, record: BatchRecord) -> None:
-        """Record an uploaded input file (and its batch, once known) in its own committed transaction."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO batches (file_id, fingerprint, endpoint, batch_id, custom_ids) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.file_id,
-                    _fingerprint_key(backend),
-                    record.endpoint,
-                    record.batch_id,
-                    json.dumps(record.custom_ids),
-                ),
-            )
-
-    def remove_batch(self, file_id: str) -> None:
-        """Forget a batch whose outcomes were read (its results are stored by then)."""
-        with self._lock:
-            self._db.execute("DELETE FROM batches WHERE file_id = ?", (file_id,))
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def stats(self) -> dict[str, Any]:
         """Entries by backend and kind, provider batches still recorded as in flight, the file's size."""
+        self.flush()
         with self._lock:
             rows = self._db.execute(
                 "SELECT backend, kind, COUNT(*) FROM results GROUP BY backend, kind ORDER BY backend, kind"
@@ -365,11 +266,13 @@ class ResponseCache:
         }
 
     def __len__(self) -> int:
+        self.flush()
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
 
     def clear(self) -> int:
         """Delete every entry and batch record (a cleared cache resumes nothing); returns the entries."""
+        self.flush()
         with self._lock:
             count = int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
             self._db.execute("DELETE FROM results")
@@ -379,7 +282,8 @@ class ResponseCache:
         return count
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Commit what is queued, then close the database connection."""
+        self._writer.close()
         with self._lock:
             self._db.close()
 

@@ -22,6 +22,7 @@ from ._limits import RateBuckets
 from ._observability.observe import RequestObserver, RunObserver, current_request
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
+from ._run_cache import misses, settle
 from ._tasks import all_or_nothing
 from ._timeouts import set_idle_timeout
 from ._types import (
@@ -73,12 +74,13 @@ class Run:
         self.idle = options.timeouts.idle  # enforced by adapters that stream, read through `idle_timeout`
         self.cache_option = options.cache
         self.cache: ResponseCache | None = None
+        self.keys: dict[int, str] = {}  # the cache key of each request handed to a worker, until stored
         self.return_exceptions = options.return_exceptions
         self.metrics = options.metrics
         self.progress = options.progress
         self.rates: RateBuckets | None = rate_buckets(options.rate_limit)
         self.bar: Any = None
-        self.indices = iter(range(len(requests)))
+        self.indices: Iterator[int] = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
         self.name = backend.name
@@ -93,6 +95,7 @@ class Run:
         owns_cache = self.cache_option is not None and not isinstance(self.cache_option, ResponseCache)
         if self.cache_option is not None:
             self.cache = open_cache(self.cache_option)
+            self.indices = misses(self, self.cache)
         try:
             if self.progress:
                 from tqdm.auto import tqdm
@@ -103,8 +106,9 @@ class Run:
         finally:
             if self.bar is not None:
                 self.bar.close()
-            if owns_cache and self.cache is not None:
-                self.cache.close()
+            if self.cache is not None:
+                # Every result committed before the run returns (a group waits up to its window).
+                await settle(self.cache, close=owns_cache)
 
     async def _run_workers(self) -> None:
         if self.metrics is not None:
@@ -217,10 +221,11 @@ class Run:
         for index in indices:
             request = requests[index]
             start = time.perf_counter() if timed else 0.0
+            key = self.keys.pop(index, None)
             if observer is None:
-                outcome = await self.one(request, slot, None)
+                outcome = await self.one(request, slot, None, key)
             else:
-                outcome = await self.watched(observer, index, request, slot, start - self.started)
+                outcome = await self.watched(observer, index, request, slot, start - self.started, key)
             if isinstance(outcome, AsyncBackendsError) and not self.return_exceptions:
                 if self.first_error is None:
                     self.first_error = outcome
@@ -239,13 +244,19 @@ class Run:
                     bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
 
     async def watched(
-        self, observer: RunObserver, index: int, request: Request, slot: AttemptClock, slot_wait: float
+        self,
+        observer: RunObserver,
+        index: int,
+        request: Request,
+        slot: AttemptClock,
+        slot_wait: float,
+        key: str | None,
     ) -> Outcome:
         """`one` with the run's observer told of the request's start and end."""
         watched = observer.request_started(index, request, slot_wait)
         token = current_request.set(watched)  # read by observe.note_replica inside the attempt
         try:
-            outcome = await self.one(request, slot, watched)
+            outcome = await self.one(request, slot, watched, key)
         except BaseException:
             watched.cancelled()
             raise
@@ -282,8 +293,14 @@ class Run:
         with slot:
             return await method(request)
 
-    async def one(self, request: Request, slot: AttemptClock, watched: RequestObserver | None) -> Outcome:
-        """One request through cache, rate limits, attempts and retries; returns its result or error."""
+    async def one(
+        self, request: Request, slot: AttemptClock, watched: RequestObserver | None, key: str | None
+    ) -> Outcome:
+        """One request through rate limits, attempts and retries; returns its result or error.
+
+        ``key``: where its result is stored in the cache (``None``: not cached). Cache hits never get here
+        (`_run_cache.misses` delivers them).
+        """
         kind = type(request)
         try:
             method = self.methods[kind]
@@ -296,17 +313,6 @@ class Run:
                 if method_name
                 else f"not a request: {kind.__name__}; wrap prompts in ab.GenerationRequest"
             )
-        if self.cache is not None:
-            failures = self.cache.read_failures
-            cached = await self.cache.aget(self.backend, request)
-            if cached is not None:
-                if self.metrics is not None:
-                    self.metrics.cache_hits += 1
-                if watched is not None:
-                    watched.cache_hit()
-                return cached
-            if self.metrics is not None and self.cache.read_failures != failures:
-                self.metrics.cache_read_failures += 1
         attempt = 1
         while True:
             if self.rates is not None:
@@ -349,8 +355,8 @@ class Run:
                 error = BackendError(f"{type(exc).__name__}: {exc}", retryable=False)
                 error.__cause__ = exc
             else:
-                if self.cache is not None:
-                    await self.cache.aput(self.backend, request, result)
+                if key is not None and self.cache is not None:  # a key is given only to a cached run's
+                    self.cache.queue(key, self.name, result)
                 return result
             if error.backend is None:
                 error.backend = self.name

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import stat
 import warnings
 from pathlib import Path
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 import asyncbackends as ab
 from asyncbackends._cache import CacheReadWarning
+from asyncbackends._cache_codec import decode_request, encode_request
 
 
 def test_a_killed_run_resumes_sending_only_what_is_missing(tmp_path: Path, make_mock: Any) -> None:
@@ -361,3 +363,64 @@ def test_equal_fingerprints_in_any_order_share_a_key(tmp_path: Path) -> None:
         assert cache.key(one, request) != cache.key(Fingerprinted({"name": "m", "model": "big"}), request)
     finally:
         cache.close()
+
+
+def test_a_batch_records_requests_read_back_equal() -> None:
+    """A provider batch's record keeps its requests (JSON in the file) so any later run can read them."""
+    tool = ab.Tool("add", "adds", {"type": "object", "properties": {"x": {"type": "integer"}}})
+    requests = [
+        ab.GenerationRequest(
+            "text", ab.SamplingParams(max_tokens=3, stop=("a", "b"), seed=4), request_id="t"
+        ),
+        ab.GenerationRequest(
+            [{"role": "user", "content": "hi"}],
+            ab.SamplingParams(logprobs=True, json_schema={"type": "object"}, reasoning_effort="low"),
+            tools=(tool,),
+            tool_choice="add",
+        ),
+        ab.GenerationRequest([1, 2, 3], ab.SamplingParams(n=2, temperature=1.0, min_p=0.1)),
+    ]
+    for request in requests:
+        assert decode_request(json.loads(json.dumps(encode_request(request)))) == request
+
+
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5E"
+    "rkJggg=="
+)
+
+
+def test_keys_are_those_earlier_files_hold() -> None:
+    """Digests written by the version that serialised keys with dataclasses.asdict: a resume still finds them."""
+    tool = ab.Tool("add", "adds", {"type": "object", "properties": {"x": {"type": "integer"}}})
+    image = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": PNG}}]
+    schema = {"type": "object", "b": [1, 2]}
+    requests: list[Any] = [
+        ab.GenerationRequest("text", request_id="ignored"),
+        ab.GenerationRequest(
+            "text", ab.SamplingParams(max_tokens=3, stop=("a", "b"), seed=4, json_schema=schema)
+        ),
+        ab.GenerationRequest(
+            [{"role": "user", "content": "hi"}],
+            ab.SamplingParams(logprobs=True),
+            tools=(tool,),
+            tool_choice="add",
+        ),
+        ab.GenerationRequest([{"role": "user", "content": image}]),
+        ab.GenerationRequest(
+            [1, 2, 3], ab.SamplingParams(n=2, temperature=1.0, min_p=0.1, reasoning_effort="low")
+        ),
+        ab.LoglikelihoodRequest("ctx", " cont"),
+        ab.RollingLoglikelihoodRequest("rolling text"),
+    ]
+    backend = ab.create_backend("mock")
+    assert [ab.ResponseCache.key(None, backend, r) for r in requests] == [  # type: ignore[arg-type]
+        "d47d040166b050e32a5e6d887e3223446ef35a78a79ea03ed9f86c93bd035d83",
+        "479c7c2ec121d0d6b1d29d11df3456cfa6ef74db87d9279ea4736d0bd67d44f3",
+        "f6277e83664caff295e09f975fd26eec174bb412518f81f6664bc6137e0a7298",
+        "88653a52fee07577bdc83ccaf7cf8c8ab5b78af8db24af35fd71b488c53f00a3",
+        "44db5077cd3182640fa6e2c5cdaae0e583f512650f25629bc28619bdec9f7c2f",
+        "2802a40c7618638fb78fddea88a315d52ad2e66330ba7643ff9f937ce0654527",
+        "969659c0a3e5d259a1613ab913d732c8a52c86d61d134335178474414ce110b0",
+    ]
+    assert image[1]["image_url"]["url"] == PNG  # the request's own message is left as it was

@@ -488,3 +488,150 @@ async def test_a_raised_error_leaves_the_rest_stored_and_the_rerun_sends_only_th
             await backend.aclose()
     assert [isinstance(r, ab.RequestRejectedError) for r in again] == [i % 3 == 0 for i in range(6)]
     assert [b["request_counts"]["total"] for b in server.batches.values()] == [6, 2]  # only the failed again
+
+
+async def cancel_once_polled(
+    server: FakeOpenAIBatchServer, backend: OpenAIBackend, requests: list[ab.GenerationRequest], cache: Path
+) -> None:
+    """A run on ``cache`` cancelled at its first poll (by then it has created every batch it needs)."""
+    polled = sum(server.polls.values())
+    run = asyncio.ensure_future(ab.gather(backend, requests, batch=True, cache=cache))
+    await server.wait_until(lambda s: sum(s.polls.values()) > polled)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
+def prompts(*names: str) -> list[ab.GenerationRequest]:
+    return [ab.GenerationRequest(f"prompt {n}", ab.SamplingParams(max_tokens=3), request_id=n) for n in names]
+
+
+@pytest_asyncio.fixture
+async def held() -> AsyncIterator[tuple[FakeOpenAIBatchServer, OpenAIBackend]]:
+    """A look-alike holding its batches until released, and a backend on it."""
+    async with FakeOpenAIBatchServer(hold=True) as server:
+        backend = await backend_on(server)
+        try:
+            yield server, backend
+        finally:
+            await backend.aclose()
+
+
+async def test_a_batch_adopted_by_a_run_with_fewer_requests_stores_every_answer(
+    tmp_path: Path, held: tuple[FakeOpenAIBatchServer, OpenAIBackend]
+) -> None:
+    """Issue 53 item 3: run 1 sends [A, B] and is cancelled; run 2 sends [A]; run 3 sends [B]: one upload."""
+    cache = tmp_path / "run.sqlite"
+    server, backend = held
+    await cancel_once_polled(server, backend, prompts("A", "B"), cache)
+    server.release()
+    second = await ab.gather(backend, prompts("A"), batch=True, cache=cache)
+    third = await ab.gather(backend, prompts("B"), batch=True, cache=cache)
+    plain = await ab.gather(backend, prompts("A", "B"))
+    assert [*second, *third] == plain
+    assert server.uploads == 1 and server.created == 1
+    assert sorted(server.batch_answered.values()) == [1, 1]
+    assert recorded(cache, backend) == []
+
+
+async def test_overlapping_and_disjoint_runs_on_one_cache_send_nothing_twice(
+    tmp_path: Path, held: tuple[FakeOpenAIBatchServer, OpenAIBackend]
+) -> None:
+    """Runs cancelled mid-batch with request sets that overlap ([A, B], [B, C]) or not ([D]), then resumed."""
+    cache = tmp_path / "run.sqlite"
+    server, backend = held
+    await cancel_once_polled(server, backend, prompts("A", "B"), cache)
+    await cancel_once_polled(server, backend, prompts("B", "C"), cache)  # adopts B's, uploads C
+    assert server.uploads == 2 and len(recorded(cache, backend)) == 2
+    server.release()
+    disjoint = await ab.gather(backend, prompts("D"), batch=True, cache=cache)
+    assert len(recorded(cache, backend)) == 2  # the killed runs' batches, left for their requests
+    fourth = await ab.gather(backend, prompts("A", "C", "D"), batch=True, cache=cache)
+    metrics = ab.RunMetrics()
+    everything = await ab.gather(
+        backend, prompts("A", "B", "C", "D"), batch=True, cache=cache, metrics=metrics
+    )
+    plain = await ab.gather(backend, prompts("A", "B", "C", "D"))
+    assert everything == plain and disjoint == plain[3:] and fourth == [plain[0], plain[2], plain[3]]
+    assert metrics.cache_hits == 4  # B too: stored by the run that adopted its batch for A
+    assert server.uploads == 3 and server.created == 3
+    assert len(server.batch_answered) == 4 and set(server.batch_answered.values()) == {1}
+    assert recorded(cache, backend) == []
+
+
+async def test_a_record_whose_answers_are_all_stored_is_forgotten_by_the_next_run(tmp_path: Path) -> None:
+    """A run killed after storing a batch's results but before dropping its record (two transactions)."""
+    path = tmp_path / "run.sqlite"
+    async with FakeOpenAIBatchServer() as server:
+        backend = await backend_on(server)
+        try:
+            answers = await ab.gather(backend, prompts("A", "B"), batch=True, cache=path)
+            cache = ab.ResponseCache(path)
+            try:
+                ids = tuple(f"{ab.ResponseCache.key(cache, backend, r)}-0" for r in prompts("A", "B"))
+                cache.add_batch(backend, BatchRecord("file-000001", "/v1/completions", "batch_1", ids))
+            finally:
+                cache.close()
+            other = await ab.gather(backend, prompts("C"), batch=True, cache=path)
+        finally:
+            await backend.aclose()
+    assert recorded(path, backend) == []
+    assert len(answers) == 2 and len(other) == 1 and server.uploads == 2
+
+
+async def test_an_upload_in_progress_ends_when_the_backend_is_closed() -> None:
+    """The upload goes through the backend's transport: aclose() ends it even while its answer is read."""
+    from aiohttp import web
+
+    from asyncbackends.testing._serve import serve
+
+    async def stalled_upload(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"id": "file-')  # the rest never comes
+        answering.set()
+        await asyncio.Event().wait()
+        return response
+
+    async def scenario() -> None:
+        # On the shared loop, where the backend's session lives and gather would call it.
+        app = web.Application()
+        app.router.add_post("/v1/files", stalled_upload)
+        runner, port = await serve(app)
+        backend = await ab.acreate_backend("openai", base_url=f"http://127.0.0.1:{port}/v1", model="m")
+        try:
+            assert isinstance(backend, OpenAIBackend)
+            line = backend.batch_line("c-0", ab.GenerationRequest("hi", ab.SamplingParams(max_tokens=2)))
+            assert line is not None
+            upload = asyncio.ensure_future(backend.upload_batch_file([line]))
+            await answering.wait()
+            await backend.aclose()
+            # Posted outside the transport, the upload leaked aiohttp's RuntimeError or waited forever.
+            with pytest.raises(ab.BackendClosedError):
+                await asyncio.wait_for(upload, 20)
+        finally:
+            await backend.aclose()
+            await runner.cleanup()
+
+    answering = asyncio.Event()
+    await ab.get_loop_manager().arun(scenario())
+
+
+async def test_a_batch_run_finds_its_cached_part_a_chunk_of_keys_per_query(
+    server: FakeOpenAIBatchServer, tmp_path: Path
+) -> None:
+    requests = [ab.GenerationRequest(f"p{i}", ab.SamplingParams(max_tokens=3)) for i in range(1_000)]
+    backend = await backend_on(server)
+    cache = ab.ResponseCache(tmp_path / "run.sqlite")
+    try:
+        first = await ab.gather(backend, requests, batch=True, cache=cache)
+        selects: list[str] = []
+        cache._db.set_trace_callback(lambda s: selects.append(s) if s.lstrip().startswith("SELECT") else None)
+        metrics = ab.RunMetrics()
+        again = await ab.gather(backend, requests, batch=True, cache=cache, metrics=metrics)
+    finally:
+        cache.close()
+        await backend.aclose()
+    assert again == first and metrics.cache_hits == 1_000 and server.uploads == 1
+    assert len(selects) <= 10  # one per request before: 1,000

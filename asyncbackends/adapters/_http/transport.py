@@ -321,6 +321,7 @@ class HTTPTransport:
         path: str,
         *,
         json_body: Any = None,
+        form: aiohttp.FormData | None = None,
         request_id: str | None = None,
         timeout: float | None = None,
         idle: float | None = None,
@@ -332,6 +333,7 @@ class HTTPTransport:
             method: The HTTP method.
             path: Appended to the base URL.
             json_body: Sent as JSON when not ``None``.
+            form: Sent as a multipart form (a file upload) when not ``None``.
             request_id: Named in errors.
             timeout: Seconds the whole exchange may take, instead of the transport's.
             idle: Seconds allowed between two reads from the socket, the wait for the answer's first byte
@@ -355,6 +357,8 @@ class HTTPTransport:
             # body is streamed instead, with its length known.
             kwargs["data"] = io.BytesIO(data) if len(data) > _LARGE_BODY else data
             kwargs["headers"] = _JSON_CONTENT
+        elif form is not None:
+            kwargs["data"] = form
         if timeout is not None or idle is not None:
             total = timeout if timeout is not None else self.timeout
             kwargs["timeout"] = aiohttp.ClientTimeout(total=total, sock_read=idle)

@@ -25,7 +25,7 @@ import aiohttp
 from ..._batch import BatchLimits, BatchLine, BatchStatus
 from ..._types import GenerationRequest, GenerationResult
 from ...errors import BackendError, BackendTimeoutError, RequestRejectedError
-from .._http.transport import HTTPResponse, HTTPTransport, error_from_exception
+from .._http.transport import HTTPResponse, HTTPTransport
 from ._wire import completion_payload
 
 __all__ = ["OpenAIBatches"]
@@ -79,14 +79,8 @@ class OpenAIBatches:
         form.add_field(
             "file", content, filename="asyncbackends-batch.jsonl", content_type="application/jsonl"
         )
-        transport = self._http
-        try:
-            async with transport.session.post(transport.base_url + self._api + "/files", data=form) as resp:
-                answer = HTTPResponse(resp.status, resp.headers, await resp.read())
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            if transport.closed:
-                raise transport.closed_error() from exc
-            raise error_from_exception(exc, backend=self.name) from exc
+        # Through the transport: a connection slot, its timeout, and aclose() ends it like any request.
+        answer = await self._http.request("POST", self._api + "/files", form=form)
         return str(self._object(answer, "file")["id"])
 
     async def create_batch(self, file_id: str, endpoint: str) -> str:

@@ -1,0 +1,117 @@
+"""A run's side of the response cache: its cached part found by set lookups, the rest keyed once.
+
+`misses` is the iterator a run's workers pull request indices from when the run has a cache. It reads
+the requests a chunk at a time: each request's key is computed once (the backend's fingerprint hashed once
+per run), the chunk's keys are looked up in one query, and a hit is delivered on the spot (to the sink,
+metrics, observer and progress bar, as a worker would), so only misses reach the workers, with their keys
+kept for storing their results. Nothing is held beyond one chunk: a resumed run of a million requests
+streams its cached results into the caller's list without a second copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from ._cache import ResponseCache
+from ._cache_codec import Keyer
+from ._observability.run_metrics import RunMetrics
+from ._protocol import AsyncBackend
+from ._types import Request, Result
+
+if TYPE_CHECKING:
+    from ._run import Run
+
+__all__ = ["CHUNK", "looked_up", "misses", "settle"]
+
+log = logging.getLogger(__name__)
+
+CHUNK = 512  # requests looked up in one query: one round trip for many, and little held at a time
+
+
+def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
+    """The indices of ``run``'s requests not in ``cache``, in order; hits delivered on the way."""
+    requests = run.requests
+    for index, key, result in looked_up(cache, run.backend, requests, run.metrics):
+        if result is not None:
+            deliver_hit(run, index, requests[index], result)
+            continue
+        if key is not None and cache.cacheable(requests[index]):
+            run.keys[index] = key
+        yield index
+
+
+def looked_up(
+    cache: ResponseCache, backend: AsyncBackend, requests: Sequence[Request], metrics: RunMetrics | None
+) -> Iterator[tuple[int, str | None, Result | None]]:
+    """Each request's index, key (``None``: not a request) and stored result (``None``: a miss), in order.
+
+    A chunk of keys per query; an unreadable entry or database is a miss, counted in ``read_failures``
+    (and the metrics) and warned once per cause.
+    """
+    keyer = Keyer(backend)
+    # Started on an empty file, a run finds nothing in it but what it stores itself: only the results
+    # still queued are looked at (a request repeated after its first answer was committed is sent again).
+    try:
+        fresh = cache.empty()
+    except sqlite3.Error:
+        fresh = False  # an unreadable file: each chunk's lookup fails, counted and warned below
+    for start in range(0, len(requests), CHUNK):
+        chunk = range(start, min(start + CHUNK, len(requests)))
+        keys: dict[int, str] = {}
+        for index in chunk:
+            try:
+                keys[index] = keyer(requests[index])
+            except Exception:  # not a request: the worker refuses it with its own error
+                continue
+        wanted = [key for index, key in keys.items() if cache.cacheable(requests[index])]
+        try:
+            found = cache.stored(wanted, queued_only=fresh)
+        except sqlite3.Error as exc:
+            # An unreadable database: every request of the chunk is sent (and counted as a failed read).
+            found = {}
+            for _ in wanted:
+                cache.read_failed(exc)
+                if metrics is not None:
+                    metrics.cache_read_failures += 1
+        for index in chunk:
+            key = keys.get(index)
+            row = None if key is None else found.get(key)
+            result = None if row is None else cache.read(row[0], row[1], requests[index].request_id)
+            if row is not None and result is None and metrics is not None:
+                metrics.cache_read_failures += 1
+            yield index, key, result
+
+
+def deliver_hit(run: Run, index: int, request: Request, result: Result) -> None:
+    """A cached result to the run's sink, metrics, observer and progress bar, as a worker delivers one."""
+    metrics = run.metrics
+    if metrics is not None:
+        metrics.cache_hits += 1
+        metrics._record_outcome(result)
+    if run.observer is not None:
+        watched = run.observer.request_started(index, request, 0.0)
+        watched.cache_hit()
+        watched.done(result)
+    run.sink(index, result)
+    if metrics is not None:
+        metrics._record_latency(0.0, time.perf_counter() - (metrics.started or run.started))
+        if metrics.on_update is not None:
+            metrics.on_update(metrics)
+    if run.bar is not None:
+        run.bar.update(1)
+
+
+async def settle(cache: ResponseCache, *, close: bool) -> None:
+    """Wait, off the loop, until ``cache`` committed what the run queued; close it if the run opened it."""
+    finish = cache.close if close else cache.flush
+    try:
+        await asyncio.to_thread(finish)
+    except asyncio.CancelledError:
+        # Cancelled again while waiting: finish here rather than leave a file open or results queued.
+        finish()
+        raise
