@@ -237,6 +237,13 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     A bad value must not start an engine or empty ``--output``: gather alone would refuse it only once the run
     starts, after both.
     """
+    # Said in the command line's terms: RunOptions would name its Python parameters and types.
+    if isinstance(args.concurrency, int) and args.concurrency < 1:
+        raise InvalidRequestError(
+            f"--concurrency must be a positive integer or 'adaptive', got {args.concurrency}"
+        )
+    if args.max_attempts < 1:
+        raise InvalidRequestError(f"--max-attempts must be a positive integer, got {args.max_attempts}")
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
         "timeout": _timeouts(args.timeout, args.idle_timeout),

@@ -343,10 +343,15 @@ def test_timeout_options_make_the_runs_timeouts(argv: list[str], expected: ab.Ti
 @pytest.mark.parametrize(
     ("option", "named"),
     [
-        (["--concurrency", "0"], "concurrency"),
+        # In the command line's terms (its flags), not the Python API's (`concurrency must be an int >= 1`).
+        (
+            ["--concurrency", "0"],
+            "asyncbackends run: --concurrency must be a positive integer or 'adaptive', got 0",
+        ),
+        (["--concurrency", "-3"], "--concurrency must be a positive integer or 'adaptive', got -3"),
         (["--timeout", "-1"], "timeout"),
         (["--idle-timeout", "-1"], "idle-timeout"),
-        (["--max-attempts", "0"], "max_attempts"),
+        (["--max-attempts", "0"], "asyncbackends run: --max-attempts must be a positive integer, got 0"),
     ],
 )
 def test_bad_run_option_refused_before_start_and_output_kept(
