@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from scipy import stats
 
+from .scripts import load_script
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "integrations" / "lm_eval_speed.py"
 
 
 @pytest.fixture(scope="module")
 def speed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lm_eval_speed_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules.pop("lm_eval_speed_under_test", None)
-    return module
+    return load_script(SCRIPT, "lm_eval_speed_under_test")
 
 
 def test_one_round_prints_no_interval_rather_than_nan(speed: ModuleType) -> None:
