@@ -263,10 +263,18 @@ _manager_lock = threading.Lock()
 
 
 def get_loop_manager() -> LoopManager:
-    """The process-wide `LoopManager`; a fresh one after a fork or after `LoopManager.shutdown`."""
+    """The process-wide `LoopManager`; a fresh one after a fork or after `LoopManager.shutdown`.
+
+    Code running on a manager's own loop gets that manager, shut down or not: a backend that `shutdown` closes
+    closes on the loop its engine lives on, and finds a close already under way there.
+    """
     global _manager
     manager = _manager
-    if manager is not None and not manager._stopped and manager._pid == os.getpid():
+    if (
+        manager is not None
+        and manager._pid == os.getpid()
+        and (not manager._stopped or manager.in_loop_thread())
+    ):
         return manager
     with _manager_lock:
         if _manager is None or _manager._stopped or _manager._pid != os.getpid():

@@ -22,7 +22,7 @@ examples:
 
 Results go to --output or stdout (one JSON record per input line, in input order); logs, progress and
 the run summary go to stderr. Exit status: 0 all succeeded, 1 some failed, 2 bad input or options,
-130 interrupted (Ctrl-C; what finished is kept).
+130 interrupted (Ctrl-C; what finished is kept), 143 terminated (SIGTERM, as Ctrl-C).
 """
 
 _RUN_EXAMPLES = """\
@@ -35,7 +35,8 @@ examples:
       --option model=my-model --timeout 60 | head
 
 --option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
-Ctrl-C stops the run, keeps the finished results and exits 130; with --cache a rerun resumes.
+Ctrl-C stops the run, keeps the finished results and exits 130 (SIGTERM: the same, exit 143);
+with --cache a rerun resumes.
 """
 
 

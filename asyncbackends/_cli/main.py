@@ -58,6 +58,7 @@ from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestErr
 from .args import build_parser
 from .observability import cmd_report, observed
 from .output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
+from .signals import engines_in_own_group, exit_status, interrupt_on_termination
 
 __all__ = ["main", "parse_request"]
 
@@ -183,8 +184,8 @@ def _open_output(path: str) -> TextIO:
         raise InvalidRequestError(f"cannot write --output {path}: {exc.strerror or exc}") from exc
 
 
-def _exit_during_start_up() -> NoReturn:
-    """Ctrl-C while the backend starts: stop the processes it started and leave at once (status 130).
+def _exit_during_start_up(status: int) -> NoReturn:
+    """Ctrl-C (or SIGTERM) while the backend starts: stop the processes it started and leave at once.
 
     An engine loading in a thread of its own cannot be interrupted, and a normal interpreter exit would tear
     that thread down inside native code (vLLM's start-up aborts the process with "FATAL: exception not
@@ -202,7 +203,7 @@ def _exit_during_start_up() -> NoReturn:
     with contextlib.suppress(OSError):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(130)
+    os._exit(status)
 
 
 def _warm_up(backend: Any, request: Request) -> None:
@@ -236,6 +237,13 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     A bad value must not start an engine or empty ``--output``: gather alone would refuse it only once the run
     starts, after both.
     """
+    # Said in the command line's terms: RunOptions would name its Python parameters and types.
+    if isinstance(args.concurrency, int) and args.concurrency < 1:
+        raise InvalidRequestError(
+            f"--concurrency must be a positive integer or 'adaptive', got {args.concurrency}"
+        )
+    if args.max_attempts < 1:
+        raise InvalidRequestError(f"--max-attempts must be a positive integer, got {args.max_attempts}")
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
         "timeout": _timeouts(args.timeout, args.idle_timeout),
@@ -263,10 +271,14 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         # Entered before the backend starts, so that an engine's logs (and its child processes') go to
         # stderr: stdout carries results only.
         stdout = stack.enter_context(results_only_stdout(out))
+        # A terminal's Ctrl-C and `timeout`'s SIGTERM reach this process alone, never the engine's: it aborts
+        # the requests and stops the engine in order (`signals`).
+        stack.enter_context(engines_in_own_group())
+        stack.enter_context(interrupt_on_termination())
         try:
             backend = create_backend(args.backend, **options)
-        except KeyboardInterrupt:
-            _exit_during_start_up()
+        except KeyboardInterrupt as interrupt:
+            _exit_during_start_up(exit_status(interrupt))
         stack.callback(get_loop_manager().run, backend.aclose())
         if args.warm_up:
             _warm_up(backend, requests[0])
@@ -292,7 +304,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         except RunInterrupted as interrupted:
             writer.keep_finished(interrupted.late)
             sys.stderr.write(_interrupted_message(writer.written, len(requests), args))
-            return 130
+            return interrupted.status
     sys.stderr.write(metrics.format() + "\n")
     return 1 if metrics.failed else 0
 
@@ -370,9 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader stopped reading (`| head`): nothing more can be delivered, and nothing needs saying.
         return 141
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         sys.stderr.write(f"asyncbackends {args.command}: interrupted\n")
-        return 130
+        return exit_status(interrupt)
 
 
 if __name__ == "__main__":  # pragma: no cover

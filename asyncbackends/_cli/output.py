@@ -29,6 +29,7 @@ from .._gather import as_completed
 from .._loop import get_loop_manager
 from .._types import Request
 from ..errors import AsyncBackendsError, BackendError
+from .signals import exit_status
 
 __all__ = ["RecordWriter", "RunInterrupted", "record", "results_only_stdout", "stream_outcomes"]
 
@@ -138,11 +139,15 @@ class RecordWriter:
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C stopped the run after its clean-up; ``late`` holds the outcomes not yet handed over."""
+    """Ctrl-C stopped the run after its clean-up; ``late`` holds the outcomes not yet handed over.
 
-    def __init__(self, late: list[tuple[int, Any]]) -> None:
+    ``status``: the exit status for the signal that stopped it (`signals.exit_status`).
+    """
+
+    def __init__(self, late: list[tuple[int, Any]], status: int = 130) -> None:
         super().__init__("interrupted")
         self.late = late
+        self.status = status
 
 
 def stream_outcomes(
@@ -179,14 +184,14 @@ def stream_outcomes(
                 continue
             on_outcome(index, outcome)
         future.result()  # the run's own failure (a cache that cannot be written), if any
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         future.cancel()
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting for the clean-up
             finished.wait(_CLEANUP_TIMEOUT)
         late = []
         while not arrived.empty():
             late.append(arrived.get_nowait())
-        raise RunInterrupted(late) from None
+        raise RunInterrupted(late, exit_status(interrupt)) from None
     except BaseException:
         future.cancel()
         finished.wait(_CLEANUP_TIMEOUT)

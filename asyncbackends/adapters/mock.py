@@ -233,7 +233,11 @@ class MockBackend(BaseBackend):
     @property
     def fingerprint(self) -> dict[str, str]:
         """What identifies this backend's outputs, for the response cache."""
-        return {"name": self.name, "model": self.model}
+        identity = {"name": self.name, "model": self.model}
+        # A thinking mock answers differently; a plain one keeps the key that caches filled before had.
+        if self.thinking != "off":
+            identity["thinking"] = self.thinking
+        return identity
 
     async def check_ready(self) -> None:
         """A pool's readiness probe: ready while open and not failing every attempt (``failure_rate=1``).

@@ -42,6 +42,7 @@ from .._types import (
     SamplingParams,
 )
 from ..errors import ContextLengthError, InvalidRequestError
+from ._closing import close_when_dropped
 from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
 from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
 from ._thinking import answer_after
@@ -124,6 +125,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         super().__init__()
         if isinstance(backend, str):
             self.backend: AsyncBackend = create_backend(backend, **backend_options)
+            close_when_dropped(self, self.backend)  # lm-eval never calls close()
         elif backend_options:
             raise TypeError(
                 f"backend options {sorted(backend_options)} given with a backend object; "

@@ -24,7 +24,8 @@ async with FakeOpenAIBatchServer() as server:
     backend = await ab.acreate_backend("openai", base_url=server.url, batch_poll_interval=0.01)
 ```
 
-In its own process: ``python -m asyncbackends.testing.fake_openai_batches --port 8000``, which prints
+In its own process: ``python -m asyncbackends.testing.fake_openai_batches --port 8000`` (the faults as flags:
+``--hold``, released by SIGUSR1, ``--fail-batches N``, ``--expire-batches N``), which prints
 ``listening on http://127.0.0.1:PORT/v1`` once it serves.
 """
 

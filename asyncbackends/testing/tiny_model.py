@@ -6,10 +6,10 @@ gives the same outputs in every engine, which makes transformers an independent 
 
 The directory is built once and cached under ``~/.cache/asyncbackends/`` (or ``$ASYNCBACKENDS_CACHE_DIR``),
 in a folder named after a hash of everything that shapes it, so a change to the recipe builds a new one.
-``python -m asyncbackends.testing.tiny_model`` builds it and prints its path. `build_tiny_vlm` builds its
-vision-language sibling (images and tools; see `asyncbackends.testing._tiny_vlm`),
-`build_tiny_reasoning_model` its reasoning sibling (``<think>...</think>``; see
-`asyncbackends.testing._tiny_reasoning`).
+``python -m asyncbackends.testing.tiny_model [PATH] [--kind plain|reasoning|vlm]`` builds one and prints its
+path. `build_tiny_vlm` builds its vision-language sibling (images and tools; see
+`asyncbackends.testing._tiny_vlm`), `build_tiny_reasoning_model` its reasoning sibling
+(``<think>...</think>``; see `asyncbackends.testing._tiny_reasoning`).
 """
 
 from __future__ import annotations
@@ -177,4 +177,6 @@ from ._tiny_reasoning import build_tiny_reasoning_model as build_tiny_reasoning_
 from ._tiny_vlm import build_tiny_vlm as build_tiny_vlm  # noqa: E402
 
 if __name__ == "__main__":
-    print(build_tiny_model())
+    from asyncbackends.testing._tiny_model_cli import main
+
+    main()

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval_speed import _build_model, _phrase, _timed, interval  # a sibling script, not a package
+from lm_eval_speed import _build_model, _phrase, _timed, ratio_text  # a sibling script, not a package
 
 TASKS = ["score_mmlu", "score_hella"]
 ENGINE_OPTIONS: dict[str, Any] = {
@@ -319,8 +319,7 @@ def main() -> None:
             a["seconds"][task] / b["seconds"][task]
             for a, b in zip(runs["lm-eval"], runs["ours"], strict=True)
         ]
-        mean, low, high = interval(ratios)
-        print(f"{task}: lm-eval / ours = {mean:.2f}x (90 % CI {low:.2f}-{high:.2f})")
+        print(f"{task}: lm-eval / ours = {ratio_text(ratios, digits=2)}")
         for round_, (a, b) in enumerate(zip(runs["ours"], runs["lm-eval"], strict=True)):
             counts = compare(a, b, task)
             print(

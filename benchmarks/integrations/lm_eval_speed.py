@@ -289,6 +289,14 @@ def interval(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def ratio_text(ratios: list[float], digits: int = 3) -> str:
+    """``"1.234x (90 % CI 1.100-1.380)"``: the geometric mean and its interval; one round has none."""
+    mean, low, high = interval(ratios)
+    if len(ratios) < 2:
+        return f"{mean:.{digits}f}x (one round: no interval)"
+    return f"{mean:.{digits}f}x (90 % CI {low:.{digits}f}-{high:.{digits}f})"
+
+
 def _run_child(mode: str, folder: Path, model: str, out: Path) -> dict[str, Any]:
     env = dict(os.environ)
     script = str(Path(__file__).resolve())
@@ -388,11 +396,9 @@ def main() -> None:
             sum(a["model_seconds"].values()) / sum(b["model_seconds"].values())
             for a, b in zip(reference, runs[mode], strict=True)
         ]
-        mean, low, high = interval(ratios)
-        m_mean, m_low, m_high = interval(model_ratios)
         print(
-            f"{mode}: lm-eval / {mode} = {mean:.3f}x (90 % CI {low:.3f}-{high:.3f}) over simple_evaluate; "
-            f"{m_mean:.3f}x ({m_low:.3f}-{m_high:.3f}) inside the model calls"
+            f"{mode}: lm-eval / {mode} = {ratio_text(ratios)} over simple_evaluate; "
+            f"{ratio_text(model_ratios)} inside the model calls"
         )
         special = tuple(reference[0]["special_tokens"])
         for round_, (a, b) in enumerate(zip(reference, runs[mode], strict=True)):

@@ -24,3 +24,14 @@ def benchmark_module(name: str, *also_loaded: str) -> Iterator[ModuleType]:
         sys.path[:] = saved_path
         for loaded in (name, *also_loaded):
             sys.modules.pop(loaded, None)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The benchmark script at ``path`` imported as module ``name``, left out of ``sys.modules``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

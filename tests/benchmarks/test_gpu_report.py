@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from .scripts import load_script
+
 REPORT = Path(__file__).parents[2] / "benchmarks" / "gpu" / "gpu_report.py"
 
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_report", REPORT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPORT, "gpu_report")
 
 
 def child(

@@ -236,7 +236,11 @@ def test_help_has_examples_and_no_markup(capsys: pytest.CaptureFixture[str]) -> 
         assert "``" not in out
 
 
-def test_ctrl_c_keeps_finished_results_and_a_cached_rerun_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_keeps_finished_results_and_a_cached_rerun_resumes(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    # SIGTERM (a scheduler, `timeout`) stops a run as Ctrl-C does, with the shell's status for it (128 + 15).
     requests = tmp_path / "in.jsonl"
     requests.write_text(
         "".join(json.dumps({"prompt": f"p{i}", "request_id": str(i)}) + "\n" for i in range(400))
@@ -252,9 +256,9 @@ def test_ctrl_c_keeps_finished_results_and_a_cached_rerun_resumes(tmp_path: Path
     while not output.exists() or output.read_text().count("\n") < 5:  # results are written as they arrive
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == status
     records = [json.loads(line) for line in output.read_text().splitlines()]
     kept = len(records)
     assert 5 <= kept < 400
@@ -339,10 +343,15 @@ def test_timeout_options_make_the_runs_timeouts(argv: list[str], expected: ab.Ti
 @pytest.mark.parametrize(
     ("option", "named"),
     [
-        (["--concurrency", "0"], "concurrency"),
+        # In the command line's terms (its flags), not the Python API's (`concurrency must be an int >= 1`).
+        (
+            ["--concurrency", "0"],
+            "asyncbackends run: --concurrency must be a positive integer or 'adaptive', got 0",
+        ),
+        (["--concurrency", "-3"], "--concurrency must be a positive integer or 'adaptive', got -3"),
         (["--timeout", "-1"], "timeout"),
         (["--idle-timeout", "-1"], "idle-timeout"),
-        (["--max-attempts", "0"], "max_attempts"),
+        (["--max-attempts", "0"], "asyncbackends run: --max-attempts must be a positive integer, got 0"),
     ],
 )
 def test_bad_run_option_refused_before_start_and_output_kept(

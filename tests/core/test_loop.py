@@ -158,6 +158,39 @@ def test_shutdown_closes_tracked_backends() -> None:
     assert backend.closed  # type: ignore[attr-defined]
 
 
+class _ClosesOnTheSharedLoop:
+    """Closes as the vllm adapter does: on `get_loop_manager()`'s loop, awaiting a close already begun."""
+
+    name = "closes-on-the-shared-loop"
+
+    def __init__(self) -> None:
+        self.closing: asyncio.Future[None] | None = None
+        self.managers: list[ab.LoopManager] = []
+
+    async def aclose(self) -> None:
+        self.managers.append(ab.get_loop_manager())
+        await ab.get_loop_manager().arun(self._close_once())
+
+    async def _close_once(self) -> None:
+        if self.closing is None:
+            self.closing = asyncio.ensure_future(asyncio.sleep(0.05))
+        await asyncio.shield(self.closing)
+
+
+def test_a_backend_closed_by_shutdown_finds_the_closing_manager_and_its_close_in_progress() -> None:
+    # lm-eval drops its LM: the backend's close begins on the shared loop; the exit hook's shutdown then
+    # closes it again. Seen from the loop, the manager is the one shutting down, not a fresh one (whose
+    # loop would wait on the first close's future: "attached to a different loop").
+    manager = ab.get_loop_manager()
+    backend = _ClosesOnTheSharedLoop()
+    manager.track(backend)
+    first = manager.submit(backend.aclose())
+    manager.shutdown()
+    assert first.result(5) is None
+    assert backend.managers == [manager, manager]
+    assert backend.closing is not None and backend.closing.done() and backend.closing.exception() is None
+
+
 def _child_uses_fresh_manager(
     parent_manager_id: int, parent_loop_id: int, queue: multiprocessing.Queue[object]
 ) -> None:

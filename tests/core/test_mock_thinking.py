@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +82,20 @@ def test_a_mock_that_does_not_think_refuses_reasoning_params(make_mock: Any) -> 
             _one(backend, **{name: value})
     with pytest.raises(ab.InvalidRequestError, match="thinking"):
         make_mock(thinking="sometimes")
+
+
+@pytest.mark.parametrize("mode", ["split", "inline"])
+def test_a_cache_filled_by_a_plain_mock_is_a_miss_for_a_thinking_one(
+    make_mock: Any, tmp_path: Path, mode: str
+) -> None:
+    path = tmp_path / "cache.sqlite"
+    request = ab.GenerationRequest(PROMPT, ab.SamplingParams(max_tokens=100))
+    (plain,) = ab.run_batch(make_mock(), [request], cache=path)
+    assert plain.text == PROMPT
+    thinker = make_mock(thinking=mode)
+    (thought,) = ab.run_batch(thinker, [request], cache=path)
+    assert thinker.completed == 1  # asked, not served the plain mock's answer
+    assert THOUGHT in (thought.completions[0].reasoning or thought.text)
+    # Its own answers are cached under its own identity: the same mode reads them back.
+    again = make_mock(thinking=mode)
+    assert ab.run_batch(again, [request], cache=path) == [thought] and again.completed == 0

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,17 +23,34 @@ ROOT = Path(__file__).parents[2]
 DEMO = ROOT / "examples" / "demo.jsonl"
 
 
-def test_stdout_is_valid_jsonl_with_a_real_engine(tiny_model: str) -> None:
+def start_cli(tiny_model: str, requests: Path, stderr: Any, *extra: str) -> subprocess.Popen[bytes]:
+    """``asyncbackends run REQUESTS --backend vllm`` on the tiny model, in a process group of its own."""
     options = [f"--option=model={tiny_model}"]
     options += [f"--option={key}={json.dumps(value)}" for key, value in ENGINE_OPTIONS.items()]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = start_group(
-        [sys.executable, "-m", "asyncbackends", "run", str(DEMO), "--backend", "vllm", *options, "--warm-up"],
+    return start_group(
+        [sys.executable, "-m", "asyncbackends", "run", str(requests), "--backend", "vllm", *options, *extra],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         env=env,
         cwd=ROOT,
     )
+
+
+def engine_cores(pid: int) -> list[Any]:
+    """The vLLM engine cores among the descendants of ``pid`` (`psutil.Process` objects)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a child may exit while we look
+            if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
+                found.append(child)
+    return found
+
+
+def test_stdout_is_valid_jsonl_with_a_real_engine(tiny_model: str) -> None:
+    proc = start_cli(tiny_model, DEMO, subprocess.PIPE, "--warm-up")
     try:
         out, err = proc.communicate(timeout=1100)
     finally:
@@ -53,31 +71,12 @@ def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(
 ) -> None:
     import psutil
 
-    options = [f"--option=model={tiny_model}"]
-    options += [f"--option={key}={json.dumps(value)}" for key, value in ENGINE_OPTIONS.items()]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
     # stderr to a file: nobody reads a pipe while the engine starts, and a full pipe would stall its logs.
     log = (tmp_path / "stderr.txt").open("wb")
-    proc = start_group(
-        [sys.executable, "-m", "asyncbackends", "run", str(DEMO), "--backend", "vllm", *options],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-        cwd=ROOT,
-    )
+    proc = start_cli(tiny_model, DEMO, log)
     try:
-        cli = psutil.Process(proc.pid)
-
-        def engine_cores() -> list[psutil.Process]:
-            found = []
-            for child in cli.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if "EngineCore" in " ".join([*child.cmdline(), child.name()]):
-                        found.append(child)
-            return found
-
         deadline = time.monotonic() + 900
-        while not (cores := engine_cores()):  # the engine is starting: its core process exists
+        while not (cores := engine_cores(proc.pid)):  # the engine is starting: its core process exists
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
@@ -93,3 +92,49 @@ def test_ctrl_c_during_engine_start_up_exits_130_and_leaves_no_engine(
     assert out == b"", (out[-2000:], tail)
     alive = [core for core in cores if core.is_running() and core.status() != psutil.STATUS_ZOMBIE]
     assert not alive, ([(core.pid, core.status()) for core in alive], tail)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_whole_group_stops_the_run_in_order(
+    tiny_model: str, tmp_path: Path, signum: int, status: int
+) -> None:
+    """A terminal's Ctrl-C goes to its whole foreground group, as `timeout`'s SIGTERM goes to its own.
+
+    Before the engine's processes got a group of their own, they got it too and died under the requests:
+    ~100 lines of "Worker proc VllmWorker-0 died unexpectedly" and EngineDeadError after the summary.
+    """
+    import psutil
+
+    requests = tmp_path / "in.jsonl"
+    lines = [{"prompt": "Hello", "params": {"max_tokens": 1}}]  # its record says the rest are in the engine
+    lines += [
+        {"prompt": f"Once upon a time {i}", "params": {"max_tokens": 400, "min_tokens": 400}}
+        for i in range(16)
+    ]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    log = (tmp_path / "stderr.txt").open("wb")  # a file: a full pipe would stall the engine's logs
+    proc = start_cli(tiny_model, requests, log)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # written once the first request finished
+        cores = engine_cores(proc.pid)
+        os.killpg(proc.pid, signum)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        stop_group(proc)
+        log.close()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    tail = stderr[-3000:]
+    assert proc.returncode == status, tail
+    assert json.loads(first)["index"] == 0 and rest == b"", (first, rest[-2000:])
+    assert "asyncbackends run: interrupted: kept 1 of 17 results in standard output;" in stderr, tail
+    for noise in (
+        "Traceback",
+        "died unexpectedly",
+        "EngineDeadError",
+        "force killing",
+        "leaked shared_memory",
+    ):
+        assert noise not in stderr, tail
+    assert cores, tail
+    assert not [core for core in cores if core.is_running() and core.status() != psutil.STATUS_ZOMBIE]
