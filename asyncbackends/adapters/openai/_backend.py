@@ -64,6 +64,7 @@ from ._batch import OpenAIBatches
 from ._scoring import VLLMServerScoring
 from ._wire import (
     VLLM_SERVER_ONLY,
+    cached_prompt_tokens,
     capabilities,
     completion_payload,
     parse_completions,
@@ -354,7 +355,8 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 request_id=rid,
                 retryable=False,
             )
-        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated)
+        cached = cached_prompt_tokens(body)
+        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated, cached)
 
     # -- wire ----------------------------------------------------------------------------------------
 

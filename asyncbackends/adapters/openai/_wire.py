@@ -39,6 +39,7 @@ __all__ = [
     "completion_payload",
     "optional_fields",
     "echo_payload",
+    "cached_prompt_tokens",
     "parse_completions",
     "parse_echo",
     "tool_fields",
@@ -125,6 +126,17 @@ def parse_completions(
     if len(completions) == 1 and isinstance(spent, int) and spent > 0:  # usage counts all choices together
         completions = (dataclasses.replace(completions[0], reasoning_tokens=spent),)
     return completions, usage.get("prompt_tokens"), usage.get("completion_tokens"), body.get("model") or None
+
+
+def cached_prompt_tokens(body: Any) -> int | None:
+    """Prompt tokens the server read from its cache (``usage.prompt_tokens_details.cached_tokens``).
+
+    OpenAI reports it on every answer (0 when nothing was cached); ``vllm serve`` only when started with
+    ``--enable-prompt-tokens-details``. ``None`` where the server says nothing.
+    """
+    details = ((body.get("usage") or {}).get("prompt_tokens_details")) or {}
+    cached = details.get("cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None
 
 
 def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:
