@@ -7,14 +7,16 @@ given once (``create_backend(..., pricing=ab.Pricing(...))``) and read by every 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._field_checks import is_int
 from .errors import InvalidRequestError
 
-__all__ = ["Pricing", "Usage", "attach_pricing", "pricing_of"]
+__all__ = ["Pricing", "Usage", "as_pricing", "attach_pricing", "pricing_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,30 @@ class Pricing:
         return (prompt_tokens * self.input + completion_tokens * max(self.output, reasoning)) / self.per
 
 
+def as_pricing(value: object, *, where: str = "pricing") -> Pricing:
+    """``value`` as a `Pricing`: one already, or a mapping of its fields (a model-args string, the CLI).
+
+    Raises:
+        InvalidRequestError: Neither, a field unknown or missing, or a price out of range.
+    """
+    if isinstance(value, Pricing):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidRequestError(f"{where} must be an ab.Pricing or a mapping of its fields, got {value!r}")
+    fields = {f.name for f in dataclasses.fields(Pricing)}
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise InvalidRequestError(
+            f"{where}: unknown field {unknown[0]!r}; known: {', '.join(sorted(fields))}"
+        )
+    missing = [name for name in ("input", "output") if name not in value]
+    if missing:
+        raise InvalidRequestError(
+            f"{where}: {' and '.join(missing)} must be given (prices per {1_000_000:,} tokens)"
+        )
+    return Pricing(**value)
+
+
 def pricing_of(backend: Any) -> Pricing | None:
     """The prices a run through ``backend`` pays: its own, else those of the backend it wraps."""
     seen: set[int] = set()
@@ -117,14 +143,12 @@ def pricing_of(backend: Any) -> Pricing | None:
     return None
 
 
-def attach_pricing(backend: Any, pricing: object) -> None:
+def attach_pricing(backend: Any, pricing: Pricing) -> None:
     """Give ``backend`` its prices (the ``pricing=`` option every backend takes through `create_backend`).
 
     Raises:
-        InvalidRequestError: ``pricing`` is not a `Pricing`, or the backend cannot hold one.
+        InvalidRequestError: The backend cannot hold one.
     """
-    if not isinstance(pricing, Pricing):
-        raise InvalidRequestError(f"pricing must be an ab.Pricing, got {type(pricing).__name__}")
     try:
         backend.pricing = pricing
     except AttributeError as exc:

@@ -149,8 +149,14 @@ def test_bad_budgets_and_prices_are_clear_errors() -> None:
         ab.Budget(cost=float("nan"))
     with pytest.raises(ab.InvalidRequestError, match=r"Pricing\.output"):
         ab.Pricing(input=1.0, output=-2.0)
-    with pytest.raises(ab.InvalidRequestError, match=r"pricing must be an ab\.Pricing"):
+    with pytest.raises(ab.InvalidRequestError, match="output must be given"):
         ab.create_backend("mock", pricing={"input": 1})
+    with pytest.raises(ab.InvalidRequestError, match="unknown field 'cached'"):
+        ab.create_backend("mock", pricing={"input": 1, "output": 2, "cached": 0.1})
+    with pytest.raises(ab.InvalidRequestError, match=r"pricing must be an ab\.Pricing or a mapping"):
+        ab.create_backend("mock", pricing=1.5)
+    priced = ab.create_backend("mock", pricing={"input": 1, "output": 2})  # a model-args string's mapping
+    assert priced.pricing == ab.Pricing(input=1, output=2)  # type: ignore[attr-defined]
     with pytest.raises(ab.InvalidRequestError, match="budget must be a Budget"):
         ab.run_batch(ab.create_backend("mock"), [], budget=100)  # type: ignore[arg-type]
     with pytest.raises(ab.InvalidRequestError, match="batch=True"):
