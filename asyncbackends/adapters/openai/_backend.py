@@ -68,6 +68,7 @@ from ._wire import (
     capabilities,
     completion_payload,
     parse_completions,
+    sends_prompt_cache_key,
 )
 
 __all__ = ["OpenAIBackend"]
@@ -142,6 +143,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         self.capabilities = capabilities(server, max_concurrency, **self._claims)
         self.batch_limits = batch_limits or BatchLimits()
         self._health = HealthWatch(self._http)
+        self._cache_key = sends_prompt_cache_key(self.base_url)  # few-shot prompts share OpenAI's cache
 
     @classmethod
     async def create(
@@ -314,7 +316,9 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 backend=self.name,
                 request_id=rid,
             )
-        payload = completion_payload(self.model, request, vllm=self.server == "vllm")
+        payload = completion_payload(
+            self.model, request, vllm=self.server == "vllm", cache_key=self._cache_key
+        )
         path = "/chat/completions" if chat else "/completions"
         idle, vllm = idle_timeout(), self.server == "vllm"
         if idle is not None and not request.tools and not (chat and vllm):

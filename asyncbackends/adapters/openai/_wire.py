@@ -28,12 +28,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
+from ..._routing.choice import prefix_digest
 from ..._sampling_table import OPTIONAL_SPECS
 from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from .._scoring import ScoringPlan
 
 __all__ = [
+    "PROMPT_CACHE_HOSTS",
     "VLLM_SERVER_ONLY",
     "capabilities",
     "completion_payload",
@@ -41,6 +44,7 @@ __all__ = [
     "echo_payload",
     "cached_prompt_tokens",
     "parse_completions",
+    "sends_prompt_cache_key",
     "parse_echo",
     "tool_fields",
 ]
@@ -52,8 +56,24 @@ VLLM_SERVER_ONLY: tuple[str, ...] = (*(name for name, _ in _VLLM_FIELDS), "regex
 """The optional parameters only a vLLM server honours: its extra fields, and ``regex`` (structured output)."""
 
 
-def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) -> dict[str, Any]:
-    """The body of ``/completions`` (text and token-id prompts) or ``/chat/completions`` (chat)."""
+PROMPT_CACHE_HOSTS = ("openai.com", "openai.azure.com")
+"""Hosts (and their subdomains) whose API takes ``prompt_cache_key``; other servers may refuse the field."""
+
+
+def sends_prompt_cache_key(base_url: str) -> bool:
+    """Whether a server at ``base_url`` takes ``prompt_cache_key`` (OpenAI's own API, Azure's)."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    return any(host == h or host.endswith("." + h) for h in PROMPT_CACHE_HOSTS)
+
+
+def completion_payload(
+    model: str, request: GenerationRequest, *, vllm: bool, cache_key: bool = False
+) -> dict[str, Any]:
+    """The body of ``/completions`` (text and token-id prompts) or ``/chat/completions`` (chat).
+
+    With ``cache_key``, ``prompt_cache_key`` names the prompt's opening (`prefix_digest`, the router's
+    affinity key): OpenAI routes requests that share it to one prompt cache.
+    """
     params = request.params
     chat = request.prompt_kind == "chat"
     payload: dict[str, Any] = {"model": model, "max_tokens": params.max_tokens}
@@ -78,6 +98,10 @@ def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) ->
     payload.update(tool_fields(request))
     if vllm:
         payload["return_token_ids"] = True
+    if cache_key:
+        digest = prefix_digest(request)
+        if digest is not None:
+            payload["prompt_cache_key"] = digest
     return payload
 
 
