@@ -16,6 +16,8 @@ import pytest
 
 import asyncbackends as ab
 
+from ..five_shot import five_shot
+
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
     pytest.mark.timeout(600),
@@ -43,23 +45,8 @@ def prefix_counters() -> tuple[int, int]:
     return values["vllm:prefix_cache_queries"], values["vllm:prefix_cache_hits"]
 
 
-def mmlu_shaped(questions: int) -> list[ab.GenerationRequest]:
-    shots = "".join(
-        f"Question: which of these is item {k} of the list {k * 7} {k * 11} {k * 13}?\n"
-        f"A. one\nB. two\nC. three\nD. four\nAnswer: {'ABCD'[k % 4]}\n\n"
-        for k in range(5)
-    )
-    return [
-        ab.GenerationRequest(
-            f"{shots}Question: what is {q} plus {q * 3}?\nA. {q}\nB. {q + 1}\nC. {q + 2}\nD. {q + 3}\nAnswer:",
-            ab.SamplingParams(max_tokens=1),
-        )
-        for q in range(questions)
-    ]
-
-
 def test_a_five_shot_run_reports_the_engines_own_cached_share(stats_engine: Any) -> None:
-    requests = mmlu_shaped(40)
+    requests = five_shot(range(40))
     ab.run_batch(stats_engine, requests[:1])  # the shared context enters the cache once
     queries_before, hits_before = prefix_counters()
     metrics = ab.RunMetrics()
@@ -73,3 +60,25 @@ def test_a_five_shot_run_reports_the_engines_own_cached_share(stats_engine: Any)
     )
     assert metrics.cached_prompt_tokens / metrics.prompt_tokens >= 0.8
     assert all(0 < r.usage.cached_prompt_tokens < r.usage.prompt_tokens for r in results)
+
+
+def test_a_token_budget_stops_the_in_process_engine_and_the_engine_saw_only_what_was_sent(
+    stats_engine: Any,
+) -> None:
+    requests = [
+        ab.GenerationRequest(
+            f"Budget probe {i:03d}: continue the list 1 2 3", ab.SamplingParams(max_tokens=16)
+        )
+        for i in range(60)
+    ]
+    queries_before, _ = prefix_counters()
+    results = ab.run_batch(
+        stats_engine, requests, budget=ab.Budget(tokens=400), concurrency=8, return_exceptions=True
+    )
+    queries, _ = prefix_counters()
+    done = [r for r in results if isinstance(r, ab.GenerationResult)]
+    refused = [r for r in results if isinstance(r, ab.BudgetExceededError)]
+    assert done and refused and len(done) + len(refused) == 60
+    assert sum(r.usage.total_tokens for r in done) <= 400
+    # The engine looked up exactly the prompts of the requests that were sent: nothing refused reached it.
+    assert queries - queries_before == sum(r.usage.prompt_tokens for r in done)
