@@ -30,7 +30,7 @@ from ._types import GenerationRequest, Request, Result
 from ._usage import Pricing
 from .errors import BudgetExceededError, InvalidRequestError
 
-__all__ = ["Budget", "BudgetGuard", "Reservation"]
+__all__ = ["Budget", "BudgetGuard", "Reservation", "check_budget"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,20 @@ class Budget:
             not isinstance(cost, (int, float)) or isinstance(cost, bool) or not 0 <= cost < math.inf
         ):
             raise InvalidRequestError(f"Budget.cost must be a finite number >= 0 or None, got {cost!r}")
+
+
+def check_budget(budget: object, pricing: Pricing | None) -> None:
+    """Refuse a ``budget`` that is not a `Budget`, or one with a cost limit for a backend with no prices.
+
+    Raises:
+        InvalidRequestError: Either.
+    """
+    if not isinstance(budget, Budget):
+        raise InvalidRequestError(f"budget must be a Budget or None, got {type(budget).__name__}")
+    if budget.cost is not None and pricing is None:
+        raise InvalidRequestError(
+            "a cost budget needs the backend's prices: create it with pricing=ab.Pricing(...)"
+        )
 
 
 @dataclass(slots=True)
@@ -87,10 +101,7 @@ class BudgetGuard:
     """
 
     def __init__(self, budget: Budget, pricing: Pricing | None, *, batch: bool = False) -> None:
-        if budget.cost is not None and pricing is None:
-            raise InvalidRequestError(
-                "a cost budget needs the backend's prices: create it with pricing=ab.Pricing(...)"
-            )
+        check_budget(budget, pricing)
         self.budget, self.pricing, self.batch = budget, pricing, batch
         self.spent_tokens = 0
         self.spent_cost = 0.0

@@ -178,3 +178,40 @@ def test_as_completed_and_gather_keep_the_budget_too() -> None:
 
     assert asyncio.run(main()) == (5, 7)
     backend.close()
+
+
+def test_a_limited_backends_budget_is_one_for_every_run_through_it() -> None:
+    inner = ab.create_backend("mock")
+    texts = prompts(40)
+    each = sum(mock_tokens(texts[0], 16))
+    shared = ab.limited(inner, budget=ab.Budget(tokens=each * 25))
+    first = ab.run_batch(shared, requests(texts[:15]))  # 15 of the 25 the budget covers
+    second = ab.run_batch(shared, requests(texts[15:]), return_exceptions=True)
+    assert len(first) == 15
+    done = [r for r in second if isinstance(r, ab.GenerationResult)]
+    refused = [r for r in second if isinstance(r, ab.BudgetExceededError)]
+    assert len(done) == 10 and len(refused) == 15  # the second run had what the first left
+    assert sent(inner) == 25
+    # A direct call through the wrapper is held to the same budget.
+    with pytest.raises(ab.BudgetExceededError):
+        ab.get_loop_manager().run(shared.generate(requests(texts[:1])[0]))
+    with pytest.raises(ab.InvalidRequestError, match="pricing"):
+        ab.limited(inner, budget=ab.Budget(cost=1.0))  # refused when built, before any run
+    shared.close()
+
+
+def test_an_lm_eval_run_through_a_limited_backend_stops_at_its_budget() -> None:
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from asyncbackends.integrations.lm_eval import AsyncBackendsLM
+
+    inner = ab.create_backend("mock")
+    lm = AsyncBackendsLM(ab.limited(inner, budget=ab.Budget(tokens=300)), progress=False)
+    instances = [
+        Instance("generate_until", {}, (f"prompt number {i}", {"until": ["\n\n"], "max_gen_toks": 8}), i)
+        for i in range(40)
+    ]
+    with pytest.raises(ab.BudgetExceededError, match="larger budget"):
+        lm.generate_until(instances)
+    assert 0 < sent(inner) < 40
