@@ -15,6 +15,7 @@ underscore are private.
 import inspect as _inspect
 
 from ._adaptive import AdaptiveConcurrency
+from ._budget import Budget
 from ._cache import ResponseCache
 from ._chat import Tool, ToolCall, image_part
 from ._gather import as_completed, gather, run_batch
@@ -39,6 +40,7 @@ from ._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from ._usage import Pricing, Usage
 from ._version import __version__ as __version__
 from ._wrappers.limited import LimitedBackend, limited
 from ._wrappers.pool import PoolBackend, pool
@@ -51,6 +53,7 @@ from .errors import (
     BackendNotFoundError,
     BackendTimeoutError,
     BackendUnavailableError,
+    BudgetExceededError,
     ContextLengthError,
     InvalidRequestError,
     LoopError,
@@ -71,6 +74,8 @@ __all__ = [
     "BackendTimeoutError",
     "BackendUnavailableError",
     "BaseBackend",
+    "Budget",
+    "BudgetExceededError",
     "Capabilities",
     "Completion",
     "ContextLengthError",
@@ -83,6 +88,7 @@ __all__ = [
     "LimitedBackend",
     "LoopManager",
     "PoolBackend",
+    "Pricing",
     "RateLimit",
     "RateLimitedError",
     "ReplicaStats",
@@ -104,6 +110,7 @@ __all__ = [
     "TokenUsage",
     "Tool",
     "ToolCall",
+    "Usage",
     "__version__",
     "acreate_backend",
     "as_completed",

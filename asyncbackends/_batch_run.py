@@ -36,6 +36,7 @@ from ._options import RetryPolicy, RunOptions
 from ._run import Outcome
 from ._run_cache import looked_up
 from ._types import GenerationRequest, GenerationResult, Request
+from ._usage import pricing_of
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -87,6 +88,7 @@ class BatchRun:
     ) -> None:
         self.backend, self.requests, self.sink, self.observer = backend, requests, sink, observer
         self.options = options
+        self.pricing = pricing_of(backend)
         self.retry = options.retry or RetryPolicy()
         self.metrics = options.metrics
         self.cache: ResponseCache | None = None
@@ -427,7 +429,7 @@ class BatchRun:
         if isinstance(outcome, AsyncBackendsError) and not self.options.return_exceptions:
             raise outcome
         if metrics is not None:
-            metrics._record_outcome(outcome)
+            metrics._record_outcome(outcome, self.pricing, batch=True)  # at the batch price
         self.sink(index, outcome)
         if metrics is not None and metrics.on_update is not None:
             metrics.on_update(metrics)

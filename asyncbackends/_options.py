@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from ._adaptive import AdaptiveConcurrency
+from ._budget import Budget
 from ._cache import ResponseCache
 from ._limits import RateBuckets
 from ._observability.callbacks import RunCallbacks
@@ -159,6 +160,8 @@ class RunOptions:
         batch: Send the generation requests through the backend's provider batch API (`SupportsBatch`,
             ``openai``): half the price, answered within the provider's window; ``concurrency``,
             a ``timeout`` total and ``rate_limit`` have no meaning then and are refused.
+        budget: The most the run may spend (`Budget`: tokens, cost at the backend's `Pricing`); a request
+            whose worst case would pass it is not sent and ends with `BudgetExceededError`.
 
     Raises:
         InvalidRequestError: A value of the wrong type or out of range.
@@ -174,6 +177,7 @@ class RunOptions:
     metrics: RunMetrics | None = None
     callbacks: RunCallbacks | None = None
     batch: bool = False
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         check_limits(self.concurrency, self.rate_limit)
@@ -182,6 +186,7 @@ class RunOptions:
         _check_type("retry", self.retry, RetryPolicy)
         _check_type("metrics", self.metrics, RunMetrics)
         _check_type("callbacks", self.callbacks, RunCallbacks)
+        _check_type("budget", self.budget, Budget)
         _check_type("cache", self.cache, (ResponseCache, str, os.PathLike))
         if not isinstance(self.progress, (bool, str)):
             raise InvalidRequestError(f"progress must be a bool or a str, got {type(self.progress).__name__}")
@@ -200,6 +205,11 @@ class RunOptions:
             ):
                 if value is not None:
                     raise InvalidRequestError(f"{name} has no meaning with batch=True (the provider paces)")
+            if self.budget is not None:
+                raise InvalidRequestError(
+                    "budget is not supported with batch=True yet: a batch is sent whole; give it the "
+                    "requests the budget covers, or send them without batch=True"
+                )
 
     @property
     def timeouts(self) -> Timeouts:
@@ -248,6 +258,7 @@ class RunOptionsKwargs(TypedDict, total=False):
     metrics: RunMetrics | None
     callbacks: RunCallbacks | None
     batch: bool
+    budget: Budget | None
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(RunOptions))

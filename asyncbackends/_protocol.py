@@ -28,6 +28,7 @@ from ._types import (
     Result,
     RollingLoglikelihoodRequest,
 )
+from ._usage import Pricing
 from .errors import BackendClosedError, RequestRejectedError
 
 __all__ = [
@@ -199,6 +200,8 @@ class BaseBackend(Closing):
 
     name: ClassVar[str] = "base"
     capabilities: Capabilities = Capabilities()
+    pricing: Pricing | None = None
+    """The prices runs through this backend are charged at (`RunMetrics.cost`, cost budgets); ``None``."""
     _closed: bool = False
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -27,6 +27,7 @@ from typing import Any
 from ._install import pip_install
 from ._loop import get_loop_manager
 from ._protocol import AsyncBackend
+from ._usage import as_pricing, attach_pricing
 from .errors import BackendNotFoundError, InvalidRequestError
 
 __all__ = [
@@ -241,12 +242,17 @@ async def acreate_backend(name: str, /, **options: Any) -> AsyncBackend:
 
     Args:
         name: A registered name, or a ``"module:Class"`` target.
-        **options: The adapter's own options.
+        **options: The adapter's own options, and ``pricing`` (an `ab.Pricing`, or a mapping of its
+            fields), which every backend takes: the prices runs through it are charged at
+            (`RunMetrics.cost`, cost budgets).
 
     Raises:
         BackendNotFoundError: Unknown name, or the adapter's extra is not installed (with the pip command).
         InvalidRequestError: An option the adapter does not know, or a required one missing.
     """
+    # Checked before an engine starts; a mapping of its fields comes from model-args strings and files.
+    pricing = None if options.get("pricing") is None else as_pricing(options.pop("pricing"))
+    options.pop("pricing", None)
     cls = _load(name)
     factory, is_async = _factory(cls)
     _check_signature(name, cls, factory, options)
@@ -254,6 +260,8 @@ async def acreate_backend(name: str, /, **options: Any) -> AsyncBackend:
     async def build() -> AsyncBackend:
         backend = await factory(**options) if is_async else cls(**options)
         _check_protocol(name, backend)
+        if pricing is not None:
+            attach_pricing(backend, pricing)
         get_loop_manager().track(backend)
         return backend  # type: ignore[no-any-return]
 

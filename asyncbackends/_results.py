@@ -8,6 +8,7 @@ from typing import Literal, TypeAlias
 
 from ._chat import ToolCall
 from ._field_checks import as_floats, as_ints, check_request_id, is_int, set_field
+from ._usage import Usage
 from .errors import InvalidRequestError
 
 __all__ = ["Completion", "FinishReason", "GenerationResult", "LoglikelihoodResult", "Result"]
@@ -110,6 +111,9 @@ class GenerationResult:
         generated_tokens: Generated tokens over all completions as the backend counted them (a server's
             ``usage.completion_tokens``), where it reports a count; ``None`` otherwise. Set it where the
             completions carry no token ids: `completion_tokens` reads it first.
+        cached_prompt_tokens: Of the prompt tokens, those read from a prefix cache (vLLM's
+            ``num_cached_tokens``, a server's ``usage.prompt_tokens_details.cached_tokens``), where the
+            backend reports them; ``None`` otherwise.
     """
 
     request_id: str | None
@@ -117,6 +121,7 @@ class GenerationResult:
     prompt_tokens: int | None = None
     model: str | None = None
     generated_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Built once per request on the hot path: the common case (a str id, a tuple) costs no call.
@@ -138,6 +143,9 @@ class GenerationResult:
             raise InvalidRequestError(
                 f"generated_tokens must be an int >= 0 or None, got {self.generated_tokens!r}"
             )
+        cached = self.cached_prompt_tokens
+        if cached is not None and (not is_int(cached) or cached < 0):
+            raise InvalidRequestError(f"cached_prompt_tokens must be an int >= 0 or None, got {cached!r}")
 
     @property
     def text(self) -> str:
@@ -154,6 +162,16 @@ class GenerationResult:
         if self.generated_tokens is not None:
             return self.generated_tokens
         return sum(len(c.token_ids) for c in self.completions)
+
+    @property
+    def usage(self) -> Usage:
+        """The tokens this result used (`Usage`): counts the backend did not report are 0."""
+        return Usage(
+            prompt_tokens=self.prompt_tokens or 0,
+            cached_prompt_tokens=self.cached_prompt_tokens or 0,
+            completion_tokens=self.completion_tokens,
+            reasoning_tokens=sum(c.reasoning_tokens for c in self.completions),
+        )
 
 
 @dataclass(frozen=True, slots=True)

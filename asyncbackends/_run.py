@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket, adaptive_limiter
+from ._budget import BudgetGuard, Reservation
 from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import RateBuckets
@@ -29,10 +30,12 @@ from ._types import (
     Request,
     Result,
 )
+from ._usage import pricing_of
 from .errors import (
     AsyncBackendsError,
     BackendError,
     BackendTimeoutError,
+    BudgetExceededError,
     InvalidRequestError,
 )
 
@@ -87,6 +90,9 @@ class Run:
         self.methods: dict[type, BackendMethod | None] = {}  # request type -> bound method, looked up once
         self.observer = observer
         self.started = 0.0
+        self.pricing = pricing_of(backend)
+        # Built here, before anything is sent: a cost budget through a backend with no prices is refused.
+        self.budget = None if options.budget is None else BudgetGuard(options.budget, self.pricing)
 
     async def run(self) -> None:
         """Send every request; return when all ended, or raise the first error (the rest cancelled)."""
@@ -231,7 +237,7 @@ class Run:
                     self.first_error = outcome
                 raise outcome
             if metrics is not None:
-                metrics._record_outcome(outcome)
+                metrics._record_outcome(outcome, self.pricing)
             sink(index, outcome)
             if metrics is not None:
                 end = time.perf_counter()
@@ -320,7 +326,15 @@ class Run:
                 await self.rates.take(request)
                 if watched is not None:
                     watched.rate_waited(time.perf_counter() - waiting)
+            reservation: Reservation | None = None
+            if self.budget is not None:
+                held = await self.budget.reserve(request)
+                if isinstance(held, BudgetExceededError):
+                    held.backend = self.name
+                    return held
+                reservation = held
             error: BackendError
+            settled: Result | None = None
             try:
                 result: Result
                 if watched is None and self.limiter is None:
@@ -355,9 +369,14 @@ class Run:
                 error = BackendError(f"{type(exc).__name__}: {exc}", retryable=False)
                 error.__cause__ = exc
             else:
+                settled = result
                 if key is not None and self.cache is not None:  # a key is given only to a cached run's
                     self.cache.queue(key, self.name, result)
                 return result
+            finally:
+                if reservation is not None:
+                    assert self.budget is not None
+                    self.budget.settle(reservation, settled)
             if error.backend is None:
                 error.backend = self.name
             if error.request_id is None:

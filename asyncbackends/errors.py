@@ -13,6 +13,7 @@ AsyncBackendsError
     │   ├── ContextLengthError            the prompt plus max_tokens exceed the model's context
     │   └── AuthenticationError           401 / 403: a missing or wrong token
     ├── BackendBrokenError                the engine died on its own (vLLM EngineDeadError)
+    ├── BudgetExceededError               not sent: the run's budget could not cover its worst case
     └── BackendClosedError                used after aclose(): your code's doing
 ```
 
@@ -34,6 +35,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendTimeoutError",
     "BackendUnavailableError",
+    "BudgetExceededError",
     "ContextLengthError",
     "InvalidRequestError",
     "LoopError",
@@ -157,6 +159,16 @@ class AuthenticationError(RequestRejectedError):
 
 class BackendBrokenError(BackendError):
     """The backend died on its own (for example vLLM's ``EngineDeadError``). Build a new one."""
+
+    default_retryable = False
+
+
+class BudgetExceededError(BackendError):
+    """Not sent: the run's `Budget` could not cover the request's worst case (``max_tokens`` included).
+
+    Never retried within the run; the request was not sent, so a later run with a larger budget sends it
+    (results the run got are in its cache, when it has one).
+    """
 
     default_retryable = False
 

@@ -33,6 +33,9 @@ examples:
   asyncbackends run in.jsonl --backend vllm --option model=/path/to/model --option engines=auto
   asyncbackends run in.jsonl --backend openai --option base_url=http://localhost:8000/v1 \\
       --option model=my-model --timeout 60 | head
+  asyncbackends run in.jsonl --backend openai --option base_url=https://api.openai.com/v1 \\
+      --option model=my-model --price input=1.75 --price cached_input=0.175 --price output=14 \\
+      --budget-cost 5 --cache run.sqlite
 
 --option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
 Ctrl-C stops the run, keeps the finished results and exits 130 (SIGTERM: the same, exit 143);
@@ -90,6 +93,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send through the provider's Batch API (openai): half the price; with --cache a rerun polls "
         "the batches a stopped run started",
+    )
+    run.add_argument(
+        "--budget-tokens", type=int, help="most tokens the run may spend; the rest is not sent (resumable)"
+    )
+    run.add_argument(
+        "--budget-cost",
+        type=float,
+        help="most the run may cost at the backend's --price; the rest is not sent",
+    )
+    run.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the backend's price per 1M tokens: input=, output=, cached_input=, reasoning=, batch= (a "
+        "multiplier), per= (see docs/cost.md)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_observability_options(run)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from .._budget import Budget
 from .._cache import ResponseCache
 from .._gather import RetryPolicy, run_batch
 from .._install import pip_install
@@ -54,6 +55,7 @@ from .._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .._usage import Pricing, as_pricing
 from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
 from .args import build_parser
 from .observability import cmd_report, observed
@@ -250,8 +252,21 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         "retry": RetryPolicy(max_attempts=args.max_attempts),
         "batch": args.batch,
     }
+    if args.budget_tokens is not None or args.budget_cost is not None:
+        options["budget"] = Budget(tokens=args.budget_tokens, cost=args.budget_cost)
+        if args.budget_cost is not None and not args.price:
+            raise InvalidRequestError(
+                "--budget-cost needs the backend's prices: --price input=... --price output=..."
+            )
     RunOptions(**options)
     return options
+
+
+def _pricing(prices: list[str]) -> Pricing | None:
+    """``--price KEY=VALUE`` (repeated) as the backend's `Pricing`, or ``None`` without any."""
+    if not prices:
+        return None
+    return as_pricing(parse_options(prices), where="--price")
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
@@ -260,6 +275,9 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidRequestError(f"no requests in {args.input}: nothing was sent and no output was written")
     run_options = _run_options(args)
     options = parse_options(args.option)
+    pricing = _pricing(args.price)
+    if pricing is not None:
+        options["pricing"] = pricing
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
     _check_required_options(args.backend, options)

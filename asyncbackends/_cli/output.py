@@ -58,8 +58,9 @@ def record(index: int, request: Request, outcome: Any) -> dict[str, Any]:
     else:
         result = dataclasses.asdict(outcome)
         result.pop("request_id", None)
-        if result.get("generated_tokens", 0) is None:
-            result.pop("generated_tokens")
+        for count in ("generated_tokens", "cached_prompt_tokens"):  # written where the backend reported it
+            if result.get(count, 0) is None:
+                result.pop(count)
         for completion in result.get("completions", ()):
             # A reasoning model's thinking beside its text; records of other models stay as they were.
             for name, unset in _REASONING_UNSET.items():

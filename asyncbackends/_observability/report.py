@@ -197,6 +197,22 @@ def _concurrency_rows(data: RunData) -> list[tuple[str, str]]:
     ]
 
 
+def _cached_rows(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Prompt tokens read from a cache, where the backend reported them."""
+    cached = [int(r["cached_input_tokens"]) for r in requests if r.get("cached_input_tokens") is not None]
+    if not cached:
+        return []
+    prompt = sum(int(r.get("input_tokens") or 0) for r in requests)
+    share = f" ({sum(cached) / prompt:.0%} of the prompt tokens)" if prompt else ""
+    return [("of which read from a cache", f"{sum(cached)}{share}")]
+
+
+def _cost_rows(data: RunData) -> list[tuple[str, str]]:
+    """What the run cost at the backend's prices (the closing summary's), where it had prices."""
+    cost = ((data.end or {}).get("summary") or {}).get("cost")
+    return [] if cost is None else [("cost (at the stated prices)", f"{float(cost):.4f}")]
+
+
 def _thinking_rows(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Thinking tokens and answers cut off while thinking, where the run had a reasoning model."""
     thinking = sum(int(r.get("reasoning_tokens") or 0) for r in requests)
@@ -235,6 +251,8 @@ def render_report(data: RunData) -> str:
             f"{output_tokens}" + (f" ({output_tokens / elapsed:.1f} tok/s)" if elapsed > 0 else ""),
         ),
         *_thinking_rows(requests),
+        *_cached_rows(requests),
+        *_cost_rows(data),
         (
             "latency p50 / p95 / p99",
             " / ".join(_duration(_quantile(latencies, q)) for q in (0.5, 0.95, 0.99)),

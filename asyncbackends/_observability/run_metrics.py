@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._types import GenerationResult
+from .._usage import Pricing
 from ..errors import ContextLengthError
 
 __all__ = ["RunMetrics", "thinking_of"]
@@ -48,9 +49,14 @@ class RunMetrics:
         context_length_errors: Failed requests whose prompt plus ``max_tokens`` did not fit the model
             (`ContextLengthError`, never retried): the eval's inputs to fix, not the server's failures.
         prompt_tokens: Prompt tokens over all results that reported them.
+        cached_prompt_tokens: Of those, the tokens read from a prefix or provider prompt cache (where backends
+            report them: vLLM in process and served, OpenAI's ``cached_tokens``).
         completion_tokens: Generated tokens over all results (thinking included).
         reasoning_tokens: Of those, the tokens reasoning models spent thinking (where backends report them).
         reasoning_truncated: Completions cut off while thinking (no answer: ``max_tokens`` came first).
+        cost: What the results cost at the backend's `Pricing` (`Pricing.cost` of each result's usage,
+            results read from the cache included: a resumed run's cost is the whole run's); ``None`` when the
+            backend has no pricing.
         concurrency_limit: The run's concurrency limit now: the fixed one, or where the adaptive one stands.
         concurrency_changes: How often the adaptive limit moved, by reason ("rate_limited", "overloaded",
             "clean_round", "queueing").
@@ -68,9 +74,11 @@ class RunMetrics:
     errors: Counter[str] = field(default_factory=Counter)
     context_length_errors: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     reasoning_truncated: int = 0
+    cost: float | None = None
     concurrency_limit: int | None = None
     concurrency_changes: Counter[str] = field(default_factory=Counter)
     on_update: Callable[[RunMetrics], None] | None = None
@@ -118,8 +126,8 @@ class RunMetrics:
                 out[s.label]["limit"] = s.limit
         return out
 
-    def _record_outcome(self, outcome: object) -> None:
-        """Count one request's end: its error by type, or a success and its tokens."""
+    def _record_outcome(self, outcome: object, pricing: Pricing | None = None, batch: bool = False) -> None:
+        """Count one request's end: its error by type, or a success, its tokens and (priced) its cost."""
         if isinstance(outcome, BaseException):
             self.errors[type(outcome).__name__] += 1
             if isinstance(outcome, ContextLengthError):
@@ -128,10 +136,13 @@ class RunMetrics:
         self.successes += 1
         if isinstance(outcome, GenerationResult):
             self.prompt_tokens += outcome.prompt_tokens or 0
+            self.cached_prompt_tokens += outcome.cached_prompt_tokens or 0
             self.completion_tokens += outcome.completion_tokens
             thinking, cut_off = thinking_of(outcome)
             self.reasoning_tokens += thinking
             self.reasoning_truncated += cut_off
+            if pricing is not None:
+                self.cost = (self.cost or 0.0) + pricing.cost(outcome.usage, batch=batch)
 
     def _record_latency(self, seconds: float, queued: float) -> None:
         self._latencies.append(seconds)
@@ -183,10 +194,12 @@ class RunMetrics:
             "queue_p50_s": _percentile(queued, 50),
             "queue_p95_s": _percentile(queued, 95),
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "completion_tokens_per_s": self.completion_tokens / elapsed if elapsed > 0 else None,
             "reasoning_tokens": self.reasoning_tokens,
             "reasoning_truncated": self.reasoning_truncated,
+            "cost": self.cost,
             "concurrency_limit": self.concurrency_limit,
             "concurrency_changes": dict(self.concurrency_changes),
         }
@@ -219,6 +232,12 @@ class RunMetrics:
             f"latency p50: {ms(s['latency_p50_s'])}  p95: {ms(s['latency_p95_s'])}  "
             f"p99: {ms(s['latency_p99_s'])}  queue p50: {ms(s['queue_p50_s'])}",
         ]
+        if s["cached_prompt_tokens"] or s["cost"] is not None:
+            share = s["cached_prompt_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
+            lines.append(
+                f"prompt: {s['prompt_tokens']} tokens, {s['cached_prompt_tokens']} cached ({share:.0%})"
+                + ("" if s["cost"] is None else f"  cost: {s['cost']:.4f}")
+            )
         if s["reasoning_tokens"] or s["reasoning_truncated"]:
             lines.append(
                 f"thinking: {s['reasoning_tokens']} tokens  "

@@ -80,6 +80,7 @@ class RunLog:
                 "error": event.error_type,
                 "replica": event.replica,
                 "input_tokens": None if result is None else result.prompt_tokens,
+                "cached_input_tokens": None if result is None else result.cached_prompt_tokens,
                 "output_tokens": None if result is None else result.completion_tokens,
                 "reasoning_tokens": thinking[0] if thinking else None,
                 "reasoning_truncated": thinking[1] if thinking else None,

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._types import GenerationRequest, GenerationResult, LoglikelihoodRequest, Request
+from .._usage import pricing_of
 from ..errors import AsyncBackendsError, BackendError, RateLimitedError
 from .observe import Outcome, RequestObserver, RunObserver
 from .otel_instruments import DURATION_BUCKETS as DURATION_BUCKETS
@@ -119,6 +120,7 @@ class OTelObserver(RunObserver):
         "kind",
         "model",
         "parent",
+        "pricing",
         "trace",
         "tracer",
     )
@@ -126,6 +128,7 @@ class OTelObserver(RunObserver):
     def __init__(self, backend: Any, parent: Any, tracer_provider: Any, meter_provider: Any) -> None:
         provider_name = str(getattr(backend, "name", type(backend).__name__))
         self.model = _model_of(backend)
+        self.pricing = pricing_of(backend)
         self.base: dict[str, Any] = {"gen_ai.provider.name": provider_name}
         if self.model is not None:
             self.base["gen_ai.request.model"] = self.model
@@ -314,6 +317,11 @@ class _SpanRequest(RequestObserver):
                 ended["asyncbackends.reasoning.truncated"] = cut_off
             if outcome.prompt_tokens is not None:
                 ended["gen_ai.usage.input_tokens"] = outcome.prompt_tokens
+            if outcome.cached_prompt_tokens is not None:
+                # Of the input tokens, those read from a cache (the GenAI conventions' own attribute).
+                ended["gen_ai.usage.cache_read.input_tokens"] = outcome.cached_prompt_tokens
+            if self.run.pricing is not None:
+                ended["asyncbackends.cost"] = self.run.pricing.cost(outcome.usage)
             if outcome.model:
                 ended["gen_ai.response.model"] = outcome.model
                 if self.run.model is None:

@@ -22,6 +22,7 @@ __all__ = [
     "affinity_key",
     "has_room",
     "least_loaded",
+    "prefix_digest",
     "sibling_key",
 ]
 
@@ -57,6 +58,16 @@ def affinity_key(request: Request, chars: int) -> bytes | None:
     else:
         return None
     return text[:chars].encode()
+
+
+def prefix_digest(request: Request, chars: int = 256) -> str | None:
+    """A short digest of `affinity_key`: the name a provider's prompt cache routes a shared prefix by.
+
+    Few-shot prompts that open alike get one digest (as affinity routing sends them to one replica), so a
+    provider that routes on it (OpenAI's ``prompt_cache_key``) serves their shared prefix from one cache.
+    """
+    key = affinity_key(request, chars)
+    return None if key is None else hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 def sibling_key(request: Request) -> bytes | None:

@@ -1,4 +1,4 @@
-"""`ab.limited`: a backend whose concurrency and rate limits hold across every run that uses it.
+"""`ab.limited`: a backend whose concurrency, rate limits and budget hold across every run that uses it.
 
 `gather`'s own ``concurrency`` and ``rate_limit`` belong to one run: two concurrent runs on one server each
 get the full amount. Wrapping the backend once, ``shared = ab.limited(backend, concurrency=8)``, and
@@ -7,6 +7,8 @@ wrapper's, so every run (and any direct call) queues on the same ones. Waiting f
 slot, so it never counts toward `gather`'s per-attempt timeout; the attempt's clock runs once a slot is
 held. The slots and buckets are created on first use, on the shared loop, and every call waits on them
 there, whichever loop it comes from (an ``asyncio.run`` call, a notebook), so a later run still finds them.
+A ``budget`` there is one spending limit for every run (an eval framework's several runs per eval): each
+call reserves its worst case before it is sent, as a run's own ``budget`` does (`asyncbackends._budget`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from .._adaptive import AdaptiveConcurrency, AdaptiveLimiter, ChangeReason, adaptive_limiter
+from .._budget import Budget, BudgetGuard, check_budget
 from .._clock import held_slot, waiting_for_slot
 from .._limits import RateBuckets
 from .._loop import get_loop_manager
@@ -32,7 +35,8 @@ from .._types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from ..errors import BackendTimeoutError
+from .._usage import pricing_of
+from ..errors import BackendTimeoutError, BudgetExceededError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 
@@ -51,6 +55,7 @@ class LimitedBackend(Closing):
             `AdaptiveConcurrency`), or ``None``.
         rate_limit: Request and token rates shared by every run, or ``None``.
         timeout: `Timeouts` every call through the wrapper keeps (from when it holds a slot), or ``None``.
+        budget: The spending limit every call through the wrapper shares, or ``None``.
     """
 
     def __init__(
@@ -60,8 +65,13 @@ class LimitedBackend(Closing):
         concurrency: Concurrency = None,
         rate_limit: RateLimit | None = None,
         timeout: TimeoutOption = None,
+        budget: Budget | None = None,
     ) -> None:
         self._adaptive = check_limits(concurrency, rate_limit)
+        if budget is not None:
+            check_budget(budget, pricing_of(backend))
+        self.budget = budget
+        self._guard: BudgetGuard | None = None
         self.timeout: Timeouts | None = None if timeout is None else as_timeouts(timeout)
         self.backend = backend
         self.concurrency = concurrency
@@ -96,6 +106,8 @@ class LimitedBackend(Closing):
         elif isinstance(self.concurrency, int):
             self._slots = asyncio.Semaphore(self.concurrency)
         self._rates = rate_buckets(self.rate_limit)
+        if self.budget is not None:
+            self._guard = BudgetGuard(self.budget, pricing_of(self.backend))
         self._ready = True
 
     async def _within_limits(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
@@ -112,10 +124,32 @@ class LimitedBackend(Closing):
                 await self._rates.take(request)
         if self.timeout is not None:
             call = self._timed(call, self.timeout, request.request_id)
+        if self._guard is not None:
+            return await self._within_budget(self._guard, request, call)
+        return await self._in_slot(call)
+
+    async def _in_slot(self, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
         if self._limiter is not None:
             return await self._adaptively(self._limiter, call)
         async with held_slot(self._slots):
             return await call()
+
+    async def _within_budget(
+        self, guard: BudgetGuard, request: Request, call: Callable[[], Coroutine[Any, Any, R]]
+    ) -> R:
+        # Waiting for the budget (attempts in flight to settle) is waiting for a slot: never timed.
+        async with waiting_for_slot():
+            held = await guard.reserve(request)
+        if isinstance(held, BudgetExceededError):
+            held.backend = self.name
+            raise held
+        try:
+            result = await self._in_slot(call)
+        except BaseException:
+            guard.settle(held, None)
+            raise
+        guard.settle(held, result)  # type: ignore[arg-type]  # R is the call's Result
+        return result
 
     def _timed(
         self, call: Callable[[], Coroutine[Any, Any, R]], timeouts: Timeouts, request_id: str | None
@@ -206,6 +240,7 @@ def limited(
     concurrency: Concurrency = None,
     rate_limit: RateLimit | None = None,
     timeout: TimeoutOption = None,
+    budget: Budget | None = None,
 ) -> LimitedBackend:
     """Wrap ``backend`` so its limits hold across every run that uses the returned backend.
 
@@ -230,13 +265,16 @@ def limited(
         timeout: `Timeouts` (or a plain number: a total) every call through the wrapper keeps, a run's
             attempts and direct calls alike, timed from when the call holds a shared slot; a run's own
             ``timeout`` still applies, the tighter limit winning. ``None``: the wrapper adds none.
+        budget: One spending limit (`Budget`) for every run and call through the wrapper: a call whose worst
+            case it cannot cover raises `BudgetExceededError` unsent. A cost limit needs the backend's
+            `Pricing`. ``None`` for none.
 
     Returns:
         A backend with the wrapped one's name, capabilities, fingerprint and methods
         (``loglikelihood_rolling`` only where the wrapped backend has it).
 
     Raises:
-        InvalidRequestError: ``concurrency``, ``rate_limit`` or ``timeout`` is not valid.
+        InvalidRequestError: ``concurrency``, ``rate_limit``, ``timeout`` or ``budget`` is not valid.
     """
     cls = LimitedRollingBackend if isinstance(backend, SupportsRollingLoglikelihood) else LimitedBackend
-    return cls(backend, concurrency=concurrency, rate_limit=rate_limit, timeout=timeout)
+    return cls(backend, concurrency=concurrency, rate_limit=rate_limit, timeout=timeout, budget=budget)

@@ -55,6 +55,7 @@ from .._routing.replica import Replica
 from .._routing.router import OPTIONS as ROUTER_OPTIONS
 from .._routing.router import Router
 from .._types import Request
+from .._usage import pricing_of
 from ..errors import InvalidRequestError
 from .pool_replicas import (
     common_capabilities,
@@ -133,6 +134,10 @@ class PoolBackend(RoutedBackend):
         self._checked = False
         self._check_lock: asyncio.Lock | None = None
         self.capabilities = common_capabilities(backends, [r.capacity for r in wrapped])
+        # One model served several times costs the same wherever it runs: the replicas' prices, when they
+        # all state the same (a pool given its own `pricing=` holds that instead).
+        prices = {pricing_of(backend) for backend in backends}
+        self.pricing = prices.pop() if len(prices) == 1 else None
 
     @classmethod
     async def create(

@@ -36,6 +36,7 @@ from asyncbackends._chat import Tool, ToolCall, image_part
 from asyncbackends._results import Completion, GenerationResult
 from asyncbackends._sampling_params import SamplingParams
 from asyncbackends._sampling_table import SAMPLING_TABLE
+from asyncbackends._usage import Pricing, Usage
 from asyncbackends.errors import InvalidRequestError
 
 __all__ = [
@@ -295,6 +296,7 @@ def model_output(
     input_tokens: int,
     output_tokens: Callable[[Completion], int],
     token_text: Callable[[int], str],
+    pricing: Pricing | None = None,
 ) -> ModelOutput:
     """The `ModelOutput` of one result: a choice per completion, usage filled in.
 
@@ -309,6 +311,7 @@ def model_output(
         output_tokens: Tokens of one completion (its token ids, else counted), where the result has no
             count of the backend's (`GenerationResult.generated_tokens`).
         token_text: A token id's text, for logprobs the backend gave with token ids but not their texts.
+        pricing: The backend's prices: the result's cost goes in ``usage.total_cost``.
     """
     name = result.model or model
     choices = [
@@ -328,5 +331,12 @@ def model_output(
         output_tokens=generated,  # thinking included, as OpenAI counts completion tokens
         total_tokens=input_tokens + generated,
         reasoning_tokens=sum(c.reasoning_tokens for c in result.completions) if thinking else None,
+        # Of the input tokens, those read from a prompt cache (as inspect's own OpenAI provider fills it).
+        input_tokens_cache_read=result.cached_prompt_tokens,
     )
+    if pricing is not None:
+        counted = Usage(
+            input_tokens, result.cached_prompt_tokens or 0, generated, usage.reasoning_tokens or 0
+        )
+        usage.total_cost = pricing.cost(counted)
     return ModelOutput(model=name, choices=choices, usage=usage)

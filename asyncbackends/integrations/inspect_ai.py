@@ -52,6 +52,7 @@ from asyncbackends._registry import _factory, _load, _parameters, create_backend
 from asyncbackends._results import Completion
 from asyncbackends._timeouts import DEFAULT_IDLE, set_idle_timeout
 from asyncbackends._types import GenerationRequest, GenerationResult
+from asyncbackends._usage import pricing_of
 from asyncbackends.errors import BackendError, ContextLengthError, InvalidRequestError, RateLimitedError
 from asyncbackends.integrations._inspect_convert import (
     messages_of,
@@ -284,6 +285,7 @@ class AsyncBackendsAPI(ModelAPI):
             input_tokens=input_tokens,
             output_tokens=self._completion_tokens,
             token_text=self._token_text,
+            pricing=pricing_of(self.backend),
         )
         response = {
             "completions": [

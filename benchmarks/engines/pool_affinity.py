@@ -6,6 +6,8 @@ The workload is few-shot shaped: ``--prefixes`` long shared prefixes (the shots)
 ``--questions`` short questions, sent interleaved (consecutive requests have different prefixes), greedy,
 ``--max-tokens`` generated. Before each measured pass both engines' prefix caches are reset; passes
 alternate between the two routings for ``--rounds`` rounds. Only the pass is timed, not engine start-up.
+Each pass also reports its cached prompt share (`RunMetrics.cached_prompt_tokens` over `prompt_tokens`, the
+engines' own ``num_cached_tokens``): what a provider that bills cached tokens apart would charge less for.
 
 Usage: ``VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/engines/pool_affinity.py [--rounds 2 --prefixes 6]``.
 """
@@ -86,6 +88,7 @@ def main() -> None:
                 "seconds": seconds,
                 "req_per_s": len(results) / seconds,
                 "split": split,
+                "cached_share": metrics.cached_prompt_tokens / max(1, metrics.prompt_tokens),
             }
             runs[routing].append(run)
             print("#", json.dumps(run), flush=True)
@@ -96,12 +99,13 @@ def main() -> None:
     print(
         f"\n{len(requests)} requests: {args.prefixes} prefixes of ~{args.shot_chars} chars x {args.questions}"
     )
-    print("| routing | req/s (median) | runs | requests per replica |")
-    print("|---|---:|---|---|")
+    print("| routing | req/s (median) | runs | requests per replica | cached prompt share |")
+    print("|---|---:|---|---|---|")
     for routing, rs in runs.items():
         figures = ", ".join(f"{x['req_per_s']:.1f}" for x in rs)
         splits = "; ".join("/".join(map(str, x["split"])) for x in rs)
-        print(f"| {routing} | {median[routing]:.1f} | {figures} | {splits} |")
+        shares = ", ".join(f"{x['cached_share']:.1%}" for x in rs)
+        print(f"| {routing} | {median[routing]:.1f} | {figures} | {splits} | {shares} |")
     print(f"affinity / least_loaded: {median['affinity'] / median['least_loaded']:.2f}x")
 
 

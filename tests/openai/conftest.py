@@ -68,7 +68,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
              '--structured-outputs-config={"backend": "xgrammar", "disable_any_whitespace": true}',
              # Tool calling as a user serves it: vLLM returns tool calls only with a parser, even forced ones
              # (cases.TOOL_PARSER says which, and why).
-             "--enable-auto-tool-choice", f"--tool-call-parser={TOOL_PARSER}"],
+             "--enable-auto-tool-choice", f"--tool-call-parser={TOOL_PARSER}",
+             # usage.prompt_tokens_details.cached_tokens in every answer (test_vllm_serve_usage.py).
+             "--enable-prompt-tokens-details"],
             stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
         )  # fmt: skip
         reference = start_group(

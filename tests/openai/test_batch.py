@@ -635,3 +635,20 @@ async def test_a_batch_run_finds_its_cached_part_a_chunk_of_keys_per_query(
         await backend.aclose()
     assert again == first and metrics.cache_hits == 1_000 and server.uploads == 1
     assert len(selects) <= 10  # one per request before: 1,000
+
+
+async def test_a_batch_run_is_priced_at_the_batch_discount(server: FakeOpenAIBatchServer) -> None:
+    prices = ab.Pricing(input=2.0, output=8.0, batch=0.5)
+    backend = await backend_on(server, pricing=prices)
+    requests = [ab.GenerationRequest(f"price me {i}", ab.SamplingParams(max_tokens=4)) for i in range(6)]
+    try:
+        batch_metrics, plain_metrics = ab.RunMetrics(), ab.RunMetrics()
+        batch = await ab.gather(backend, requests, batch=True, metrics=batch_metrics)
+        await ab.gather(backend, requests, metrics=plain_metrics)
+    finally:
+        await backend.aclose()
+    # The look-alike's usage records, at the stated prices per 1M tokens, halved for the batch.
+    full = sum(r.prompt_tokens * 2.0 + r.completion_tokens * 8.0 for r in batch) / 1_000_000  # type: ignore[operator]
+    assert batch_metrics.cost is not None and plain_metrics.cost is not None
+    assert abs(batch_metrics.cost - full / 2) < 1e-15
+    assert abs(plain_metrics.cost - full) < 1e-15

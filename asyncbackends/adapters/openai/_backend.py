@@ -67,9 +67,11 @@ from ._batch import OpenAIBatches
 from ._scoring import VLLMServerScoring
 from ._wire import (
     VLLM_SERVER_ONLY,
+    cached_prompt_tokens,
     capabilities,
     completion_payload,
     parse_completions,
+    sends_prompt_cache_key,
 )
 
 __all__ = ["OpenAIBackend"]
@@ -144,6 +146,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         self.capabilities = capabilities(server, max_concurrency, **self._claims)
         self.batch_limits = batch_limits or BatchLimits()
         self._health = HealthWatch(self._http)
+        self._cache_key = sends_prompt_cache_key(self.base_url)  # few-shot prompts share OpenAI's cache
 
     @classmethod
     async def create(
@@ -316,7 +319,9 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 backend=self.name,
                 request_id=rid,
             )
-        payload = completion_payload(self.model, request, vllm=self.server == "vllm")
+        payload = completion_payload(
+            self.model, request, vllm=self.server == "vllm", cache_key=self._cache_key
+        )
         path = "/chat/completions" if chat else "/completions"
         vllm = self.server == "vllm"
         body = await ask(
@@ -357,7 +362,8 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 request_id=rid,
                 retryable=False,
             )
-        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated)
+        cached = cached_prompt_tokens(body)
+        return GenerationResult(rid, completions, prompt_tokens, model or self.model, generated, cached)
 
     # -- wire ----------------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ class OpenAIBatches:
     name: ClassVar[str]
     model: str
     server: str
+    _cache_key: bool
     batch_limits: BatchLimits
     _http: HTTPTransport
     _api: str
@@ -65,7 +66,7 @@ class OpenAIBatches:
         if request.params.max_tokens == 0:
             return None
         url = "/v1/chat/completions" if request.prompt_kind == "chat" else "/v1/completions"
-        body = completion_payload(self.model, request, vllm=self.server == "vllm")
+        body = completion_payload(self.model, request, vllm=self.server == "vllm", cache_key=self._cache_key)
         line = {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
         data = json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode()
         return BatchLine(url, data)

@@ -28,18 +28,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
+from ..._routing.choice import prefix_digest
 from ..._sampling_table import OPTIONAL_SPECS
 from ..._types import Capabilities, Completion, GenerationRequest, SamplingParams, ToolCall
 from .._scoring import ScoringPlan
 
 __all__ = [
+    "PROMPT_CACHE_HOSTS",
     "VLLM_SERVER_ONLY",
     "capabilities",
     "completion_payload",
     "optional_fields",
     "echo_payload",
+    "cached_prompt_tokens",
     "parse_completions",
+    "sends_prompt_cache_key",
     "parse_echo",
     "tool_fields",
 ]
@@ -51,8 +56,24 @@ VLLM_SERVER_ONLY: tuple[str, ...] = (*(name for name, _ in _VLLM_FIELDS), "regex
 """The optional parameters only a vLLM server honours: its extra fields, and ``regex`` (structured output)."""
 
 
-def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) -> dict[str, Any]:
-    """The body of ``/completions`` (text and token-id prompts) or ``/chat/completions`` (chat)."""
+PROMPT_CACHE_HOSTS = ("openai.com", "openai.azure.com")
+"""Hosts (and their subdomains) whose API takes ``prompt_cache_key``; other servers may refuse the field."""
+
+
+def sends_prompt_cache_key(base_url: str) -> bool:
+    """Whether a server at ``base_url`` takes ``prompt_cache_key`` (OpenAI's own API, Azure's)."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    return any(host == h or host.endswith("." + h) for h in PROMPT_CACHE_HOSTS)
+
+
+def completion_payload(
+    model: str, request: GenerationRequest, *, vllm: bool, cache_key: bool = False
+) -> dict[str, Any]:
+    """The body of ``/completions`` (text and token-id prompts) or ``/chat/completions`` (chat).
+
+    With ``cache_key``, ``prompt_cache_key`` names the prompt's opening (`prefix_digest`, the router's
+    affinity key): OpenAI routes requests that share it to one prompt cache.
+    """
     params = request.params
     chat = request.prompt_kind == "chat"
     payload: dict[str, Any] = {"model": model, "max_tokens": params.max_tokens}
@@ -77,6 +98,10 @@ def completion_payload(model: str, request: GenerationRequest, *, vllm: bool) ->
     payload.update(tool_fields(request))
     if vllm:
         payload["return_token_ids"] = True
+    if cache_key:
+        digest = prefix_digest(request)
+        if digest is not None:
+            payload["prompt_cache_key"] = digest
     return payload
 
 
@@ -125,6 +150,17 @@ def parse_completions(
     if len(completions) == 1 and isinstance(spent, int) and spent > 0:  # usage counts all choices together
         completions = (dataclasses.replace(completions[0], reasoning_tokens=spent),)
     return completions, usage.get("prompt_tokens"), usage.get("completion_tokens"), body.get("model") or None
+
+
+def cached_prompt_tokens(body: Any) -> int | None:
+    """Prompt tokens the server read from its cache (``usage.prompt_tokens_details.cached_tokens``).
+
+    OpenAI reports it on every answer (0 when nothing was cached); ``vllm serve`` only when started with
+    ``--enable-prompt-tokens-details``. ``None`` where the server says nothing.
+    """
+    details = ((body.get("usage") or {}).get("prompt_tokens_details")) or {}
+    cached = details.get("cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None
 
 
 def _completion(choice: Mapping[str, Any], chat: bool, want_logprobs: bool) -> Completion:

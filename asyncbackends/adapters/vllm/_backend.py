@@ -552,8 +552,13 @@ class VLLMBackend(BaseBackend):
                 request_id=request.request_id,
                 retryable=False,
             )
+        cached = getattr(output, "num_cached_tokens", None)  # the prefix cache's share of the prompt
         return GenerationResult(
-            request.request_id, got, prompt_tokens=len(output.prompt_token_ids or ()), model=self.model
+            request.request_id,
+            got,
+            prompt_tokens=len(output.prompt_token_ids or ()),
+            model=self.model,
+            cached_prompt_tokens=cached if isinstance(cached, int) else None,
         )
 
     # -- scoring -------------------------------------------------------------------------------------
