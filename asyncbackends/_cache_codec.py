@@ -105,7 +105,7 @@ class Keyer:
         if request.tool_choice != "auto":
             text += f', "tool_choice": {json.dumps(request.tool_choice)}'
         if request.tools:
-            text += f', "tools": {json.dumps(plain(request.tools), sort_keys=True, default=str)}'
+            text += f', "tools": {json.dumps(_plain_tools(request.tools), sort_keys=True, default=str)}'
         return text + ', "type": "GenerationRequest"}'
 
 
@@ -135,11 +135,23 @@ def _canonical_request(request: Request) -> dict[str, Any]:
         # Left out at their defaults, so a text request's key is what it was before tools existed.
         if not request.tools:
             data.pop("tools")
+        else:
+            data["tools"] = _plain_tools(request.tools)
         if request.tool_choice == "auto":
             data.pop("tool_choice")
         if request.images:
             data["prompt"] = [_hash_images(m) for m in data["prompt"]]
     return data
+
+
+def _plain_tools(tools: Any) -> list[Any]:
+    # A tool's `strict` is left out when unset, so a tool request's key is what it was before the field.
+    written = []
+    for tool in plain(tools):
+        if tool.get("strict") is None:
+            tool.pop("strict", None)
+        written.append(tool)
+    return written
 
 
 def _hash_images(message: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +221,7 @@ def encode_result(result: Result) -> tuple[str, str]:
             "prompt_tokens": result.prompt_tokens,
             "model": result.model,
             "generated_tokens": result.generated_tokens,
+            "cached_prompt_tokens": result.cached_prompt_tokens,
         }
     else:
         data = plain(result)
@@ -240,6 +253,7 @@ _DIRECT_RESULTS = tuple(f.name for f in dataclasses.fields(GenerationResult)) ==
     "prompt_tokens",
     "model",
     "generated_tokens",
+    "cached_prompt_tokens",
 ) and tuple(f.name for f in dataclasses.fields(Completion)) == (
     "text",
     "token_ids",
@@ -283,6 +297,7 @@ def decode_result(kind: str, value: str, request_id: str | None) -> Result:
             data.get("prompt_tokens"),
             data.get("model"),
             data.get("generated_tokens"),
+            data.get("cached_prompt_tokens"),  # usage stored with the result: a resumed run's ledger is whole
         )
     if kind == "LoglikelihoodResult":
         data["token_logprobs"] = _tuple(data.get("token_logprobs"))

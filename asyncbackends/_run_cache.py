@@ -92,7 +92,7 @@ def deliver_hit(run: Run, index: int, request: Request, result: Result) -> None:
     metrics = run.metrics
     if metrics is not None:
         metrics.cache_hits += 1
-        metrics._record_outcome(result)
+        metrics._record_outcome(result, run.pricing)  # a cached result counts at its usage, as sent ones do
     if run.observer is not None:
         watched = run.observer.request_started(index, request, 0.0)
         watched.cache_hit()
