@@ -175,6 +175,9 @@ def _device_count() -> int:
 
 def import_vllm(namespace: dict[str, Any]) -> None:
     """Import vLLM and bind the names the adapter uses in ``namespace`` (its module's globals)."""
+    from ..._engine_logs import route_vllm_logs_to_stderr
+
+    route_vllm_logs_to_stderr()  # read by vLLM as it is imported: stdout is the caller's
     # vLLM and torch emit DeprecationWarnings at import time that callers cannot act on; under ``-W error``
     # (pytest's filterwarnings=error) they would make the adapter unusable.
     with warnings.catch_warnings():
