@@ -13,16 +13,16 @@ import urllib.request
 from pathlib import Path
 
 import asyncbackends as ab
-from asyncbackends.testing._fake_openai.cli import server_options
+from asyncbackends.testing._fake_openai.cli import batch_server_options
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_flags_mirror_the_python_options() -> None:
-    options = server_options(["--hold", "--fail-batches", "1", "3", "--expire-batches", "2"])
+    options = batch_server_options(["--hold", "--fail-batches", "1", "3", "--expire-batches", "2"])
     assert options["hold"] is True
     assert (options["fail_batches"], options["expire_batches"]) == ((1, 3), (2,))
-    plain = server_options([])
+    plain = batch_server_options([])
     assert plain["hold"] is False and plain["fail_batches"] == () and plain["expire_batches"] == ()
 
 

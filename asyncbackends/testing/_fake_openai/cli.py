@@ -17,7 +17,7 @@ from typing import Any
 
 from ..fake_openai_batches import FakeOpenAIBatchServer
 
-__all__ = ["main", "server_options"]
+__all__ = ["main", "batch_server_options"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def server_options(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def batch_server_options(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The `FakeOpenAIBatchServer` keyword arguments the command line ``argv`` asks for."""
     args = _parser().parse_args(argv)
     return {
@@ -71,7 +71,7 @@ def server_options(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_openai_batches``."""
-    options = server_options(argv)
+    options = batch_server_options(argv)
 
     async def run() -> None:
         async with FakeOpenAIBatchServer(**options) as server:
