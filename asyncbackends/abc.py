@@ -39,10 +39,10 @@ Every other module of the package is private by name (a leading underscore) and 
 
 from ._batch import BatchLimits, BatchLine, BatchStatus, SupportsBatch
 from ._cache import BatchRecord, backend_fingerprint
-from ._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ._clock import held_slot
 from ._observability.observe import RequestObserver, RunObserver, note_replica
 from ._protocol import AsyncBackend, BaseBackend, Secret, SupportsFingerprint, SupportsRollingLoglikelihood
+from ._refusals import refuse_unclaimed_chat, refuse_unsupported
 from ._registry import check_options, required_options
 from ._routing.replica import Replica, ReplicaStats, is_replica_fault, sent_nothing
 from ._routing.replica_set import ReplicaSet

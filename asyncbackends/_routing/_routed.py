@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .._adaptive import AdaptiveConcurrency, ChangeReason
-from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
+from .._refusals import refuse_unclaimed_chat, refuse_unsupported
 from .._side_doors import shared
 from .._types import (
     Capabilities,

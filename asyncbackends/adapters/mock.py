@@ -31,10 +31,10 @@ import random
 from collections import Counter
 from typing import Any, Literal
 
-from .._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from .._chat import image_digest
 from .._field_checks import is_int, is_number
 from .._protocol import BaseBackend
+from .._refusals import refuse_unclaimed_chat, refuse_unsupported
 from .._sampling_table import OPTIONAL_SPECS
 from .._types import (
     Capabilities,

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import asyncbackends as ab
-from asyncbackends._capabilities import refuse_unclaimed_chat
+from asyncbackends._refusals import refuse_unclaimed_chat
 from tests.chat_tools import add_tool
 
 ADD = add_tool()

@@ -10,7 +10,7 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._cache import ResponseCache
-from asyncbackends._capabilities import refuse_unsupported
+from asyncbackends._refusals import refuse_unsupported
 from asyncbackends._types import OPTIONAL_SAMPLING_PARAMS
 
 VALID: dict[str, Any] = {

@@ -24,9 +24,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..._capabilities import refuse_unclaimed_chat
 from ..._loop import register_exit_hook
 from ..._protocol import BaseBackend, Secret
+from ..._refusals import refuse_unclaimed_chat
 from ..._types import (
     GenerationRequest,
     GenerationResult,

@@ -43,8 +43,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..._batch import BatchLimits
-from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ..._protocol import BaseBackend, Secret
+from ..._refusals import refuse_unclaimed_chat, refuse_unsupported
 from ..._types import (
     Completion,
     GenerationRequest,

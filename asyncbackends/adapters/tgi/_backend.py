@@ -44,8 +44,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ..._protocol import BaseBackend, Secret
+from ..._refusals import refuse_unclaimed_chat, refuse_unsupported
 from ..._tasks import all_or_nothing
 from ..._text import split_trailing_space
 from ..._timeouts import idle_timeout

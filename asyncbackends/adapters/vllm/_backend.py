@@ -27,9 +27,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..._capabilities import refuse_unclaimed_chat, refuse_unsupported
 from ..._loop import get_loop_manager
 from ..._protocol import BaseBackend
+from ..._refusals import refuse_unclaimed_chat, refuse_unsupported
 from ..._registry import check_options
 from ..._tasks import all_or_nothing
 from ..._types import (
