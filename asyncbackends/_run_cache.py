@@ -14,17 +14,35 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 from ._cache import ResponseCache
 from ._cache_codec import Keyer
+from ._observability.observe import RunObserver
 from ._observability.run_metrics import RunMetrics
 from ._protocol import AsyncBackend
 from ._types import Request, Result
+from ._usage import Pricing
 
-if TYPE_CHECKING:
-    from ._run import Run
+
+class RunState(Protocol):
+    """What of a run (`asyncbackends._run.Run`) its cache side reads and fills: named here, not imported."""
+
+    backend: AsyncBackend
+    requests: Sequence[Request]
+    metrics: RunMetrics | None
+    observer: RunObserver | None
+    pricing: Pricing | None
+    keys: dict[int, str]
+    started: float
+    bar: Any
+
+    @property
+    def sink(
+        self,
+    ) -> Callable[[int, Any], None]: ...  # a read-only member: the run's own is a plain attribute
+
 
 __all__ = ["CHUNK", "looked_up", "misses", "settle"]
 
@@ -33,7 +51,7 @@ log = logging.getLogger(__name__)
 CHUNK = 512  # requests looked up in one query: one round trip for many, and little held at a time
 
 
-def misses(run: Run, cache: ResponseCache) -> Iterator[int]:
+def misses(run: RunState, cache: ResponseCache) -> Iterator[int]:
     """The indices of ``run``'s requests not in ``cache``, in order; hits delivered on the way."""
     requests = run.requests
     for index, key, result in looked_up(cache, run.backend, requests, run.metrics):
@@ -87,7 +105,7 @@ def looked_up(
             yield index, key, result
 
 
-def deliver_hit(run: Run, index: int, request: Request, result: Result) -> None:
+def deliver_hit(run: RunState, index: int, request: Request, result: Result) -> None:
     """A cached result to the run's sink, metrics, observer and progress bar, as a worker delivers one."""
     metrics = run.metrics
     if metrics is not None:
