@@ -77,7 +77,6 @@ class Run:
         self.idle = options.timeouts.idle  # enforced by adapters that stream, read through `idle_timeout`
         self.cache_option = options.cache
         self.cache: ResponseCache | None = None
-        self.keys: dict[int, str] = {}  # the cache key of each request handed to a worker, until stored
         self.return_exceptions = options.return_exceptions
         self.metrics = options.metrics
         self.progress = options.progress
@@ -89,6 +88,7 @@ class Run:
         self.name = backend.name
         self.methods: dict[type, BackendMethod | None] = {}  # request type -> bound method, looked up once
         self.observer = observer
+        self.keys: dict[int, str] = {}  # the cache key of each request handed to a worker, until stored
         self.started = 0.0
         self.pricing = pricing_of(backend)
         # Built here, before anything is sent: a cost budget through a backend with no prices is refused.
