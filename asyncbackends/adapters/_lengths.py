@@ -12,6 +12,7 @@ _MARKERS = (
     "context_length_exceeded",  # OpenAI's error code
     "maximum context length",  # OpenAI's wording, shared by vLLM serve's renderer and its max_tokens clamp
     "longer than the maximum model length",  # vLLM's input processor: the prompt leaves no room
+    "cannot be greater than max_model_len",  # vLLM serve: max_tokens alone is over the model's length
     "`inputs` tokens + `max_new_tokens` must be",  # TGI's router
     "`inputs` must have less than",  # TGI's router: the prompt alone is over max_input_tokens
 )

@@ -73,3 +73,18 @@ def test_max_tokens_over_max_model_len_is_refused_before_sending_as_by_vllm_serv
     finally:
         del engine.add_request
     assert sent == [] and not caught.value.retryable
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["text", "chat"])
+def test_the_openai_adapter_reads_the_same_refusal_as_a_context_length_error(
+    reasoning_pair: Pair, chat: bool
+) -> None:
+    prompt: Any = [{"role": "user", "content": "hi"}] if chat else "hi"
+    backend = ab.create_backend("openai", base_url=reasoning_pair.url + "/v1", model=reasoning_pair.model)
+    request = ab.GenerationRequest(prompt, ab.SamplingParams(max_tokens=MAX_MODEL_LEN + 1))
+    try:
+        with pytest.raises(ab.ContextLengthError, match="cannot be greater than max_model_len") as caught:
+            ab.run_batch(backend, [request], timeout=ab.Timeouts(total=120, idle=None))
+    finally:
+        backend.close()
+    assert not caught.value.retryable
