@@ -379,4 +379,4 @@ class FakeOpenAIBatchServer:
 if __name__ == "__main__":
     from ._fake_openai.cli import main
 
-    main()
+    main(FakeOpenAIBatchServer)

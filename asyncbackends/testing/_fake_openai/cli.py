@@ -12,10 +12,8 @@ import argparse
 import asyncio
 import contextlib
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-
-from ..fake_openai_batches import FakeOpenAIBatchServer
 
 __all__ = ["main", "batch_server_options"]
 
@@ -69,12 +67,18 @@ def batch_server_options(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_openai_batches``."""
+def main(server_class: Callable[..., Any], argv: list[str] | None = None) -> None:
+    """Serve a look-alike until killed: ``python -m asyncbackends.testing.fake_openai_batches``.
+
+    Args:
+        server_class: `FakeOpenAIBatchServer`, passed in by the module it lives in (which runs this), so
+            that this module does not import it back.
+        argv: The command line (``sys.argv[1:]`` when ``None``).
+    """
     options = batch_server_options(argv)
 
     async def run() -> None:
-        async with FakeOpenAIBatchServer(**options) as server:
+        async with server_class(**options) as server:
             if hasattr(signal, "SIGUSR1"):  # none on Windows: held batches stay held until killed
                 asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, server.release)
             print(f"listening on {server.url}", flush=True)
