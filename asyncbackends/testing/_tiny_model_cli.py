@@ -15,7 +15,9 @@ __all__ = ["main"]
 
 
 def _builders() -> dict[str, Callable[[str | os.PathLike[str] | None], Path]]:
-    from .tiny_model import build_tiny_model, build_tiny_reasoning_model, build_tiny_vlm
+    from ._tiny_llama import build_tiny_model
+    from ._tiny_reasoning import build_tiny_reasoning_model
+    from ._tiny_vlm import build_tiny_vlm
 
     return {"plain": build_tiny_model, "reasoning": build_tiny_reasoning_model, "vlm": build_tiny_vlm}
 

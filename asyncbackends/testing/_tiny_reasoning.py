@@ -44,7 +44,7 @@ TINY_REASONING_CHAT_TEMPLATE = (
 
 
 def _version_hash() -> str:
-    from .tiny_model import _version_hash as text_hash
+    from ._tiny_llama import _version_hash as text_hash
 
     # The text model's hash covers its shape, tokenizer recipe and initialisation; add what this one changes.
     parts = [
@@ -70,7 +70,7 @@ def build_tiny_reasoning_model(path: str | os.PathLike[str] | None = None) -> Pa
         ``<think>`` / ``</think>`` as added tokens that decoding keeps and a chat template that opens the
         thought (`TINY_REASONING_CHAT_TEMPLATE`). vLLM's ``deepseek_r1`` reasoning parser splits its output.
     """
-    from .tiny_model import default_cache_dir
+    from ._tiny_llama import default_cache_dir
 
     target = Path(path) if path is not None else default_cache_dir() / f"tiny-reasoning-{_version_hash()}"
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
@@ -83,7 +83,7 @@ def _write_model(directory: Path) -> None:
     from tokenizers import AddedToken
     from transformers import LlamaForCausalLM
 
-    from .tiny_model import _train_tokenizer, llama_config, random_model
+    from ._tiny_llama import _train_tokenizer, llama_config, random_model
 
     tokenizer = _train_tokenizer()
     # Not special: as DeepSeek-R1's, they survive skip_special_tokens, which the server's parser relies on.

@@ -71,8 +71,8 @@ TINY_VLM_CHAT_TEMPLATE = (
 
 
 def _version_hash() -> str:
-    from .tiny_model import TINY_MODEL_CONFIG
-    from .tiny_model import _version_hash as text_hash
+    from ._tiny_llama import TINY_MODEL_CONFIG
+    from ._tiny_llama import _version_hash as text_hash
 
     recipe = {
         "recipe": _RECIPE,
@@ -98,7 +98,7 @@ def build_tiny_vlm(path: str | os.PathLike[str] | None = None) -> Path:
         tokenizer with the ``<image>`` token, ``processor_config.json`` (the image processor inside it),
         and a chat template that renders images and tools.
     """
-    from .tiny_model import default_cache_dir
+    from ._tiny_llama import default_cache_dir
 
     target = Path(path) if path is not None else default_cache_dir() / f"tiny-idefics3-{_version_hash()}"
     if (target / "config.json").is_file() and (target / "processor_config.json").is_file():
@@ -117,7 +117,7 @@ def _write_vlm(directory: Path) -> None:
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
     from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
 
-    from .tiny_model import TINY_MODEL_CONFIG, _train_tokenizer, random_model
+    from ._tiny_llama import TINY_MODEL_CONFIG, _train_tokenizer, random_model
 
     tokenizer = _train_tokenizer()
     # The chat template writes the BOS token; a tokenizer that added one too would give prompts rendered

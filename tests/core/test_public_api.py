@@ -63,6 +63,7 @@ FACADES = {
     "asyncbackends.adapters.vllm",
     "asyncbackends.testing",
     "asyncbackends.testing.contract",
+    "asyncbackends.testing.tiny_model",
 }
 PACKAGE = Path(ab.__file__).parent
 
