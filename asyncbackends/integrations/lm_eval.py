@@ -32,6 +32,7 @@ from .._gather import RetryPolicy, run_batch
 from .._protocol import AsyncBackend
 from .._registry import create_backend
 from .._sampling_table import OPTIONAL_SPECS, SAMPLING_TABLE
+from .._text import EncodePairRequest
 from .._text import split_trailing_space as split_trailing_space
 from .._types import (
     GenerationRequest,
@@ -195,10 +196,12 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         """Score each ``(context, continuation)``: returns ``(logprob, is_greedy)`` per request, in order."""
         args = [tuple(request.args) for request in requests]
         refuse_chat_scoring([arg[0] for arg in args])
-        batch = []
+        # Split into tokens as lm-eval's own models split them (_encode_pair), merges across the boundary
+        # included, so every score is theirs (asyncbackends._text.Split).
+        batch: list[LoglikelihoodRequest] = []
         for index, (context, continuation) in enumerate(args):
             context, continuation = split_trailing_space(context, continuation)
-            batch.append(LoglikelihoodRequest(context, continuation, request_id=f"loglikelihood-{index}"))
+            batch.append(EncodePairRequest(context, continuation, request_id=f"loglikelihood-{index}"))
         # Longest contexts first, so the engine's batches stay full to the end; a context's continuations
         # next to each other, so an engine with a prefix cache finds the context it has just computed.
         order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0], -len(args[i][1])))

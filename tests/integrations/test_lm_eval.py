@@ -14,6 +14,8 @@ from lm_eval.api.model import CachingLM
 from lm_eval.api.registry import get_model
 
 import asyncbackends as ab
+from asyncbackends._cache import request_key
+from asyncbackends._text import EncodePairRequest, split_of
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.integrations import lm_eval as ab_lm_eval
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
@@ -190,6 +192,26 @@ def test_requests_go_longest_first_with_a_contexts_continuations_together() -> N
         assert texts == [p[:2] for p in prompts]  # the mock echoes its prompt: each answer in its place
     finally:
         lm.close()
+
+
+def test_scoring_requests_ask_for_lm_evals_split_and_are_cached_apart() -> None:
+    class Kinds(_Recording):
+        async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+            self.seen.append(split_of(request))
+            return await self.inner.loglikelihood(request)
+
+    backend = Kinds()
+    lm = AsyncBackendsLM(backend, progress=False)
+    try:
+        lm.loglikelihood(_instances("loglikelihood", [("The answer is 4", "2."), ("", "x")]))
+    finally:
+        lm.close()
+    # Split as lm-eval's _encode_pair splits (tests/parity/test_lm_eval_scoring.py has the scores).
+    assert backend.seen == ["encode_pair", "encode_pair"]
+    plain, pair = ab.LoglikelihoodRequest("a", "b"), EncodePairRequest("a", "b")
+    assert split_of(plain) == "whole"
+    inner: Any = backend.inner
+    assert request_key(inner, plain) != request_key(inner, pair)
 
 
 def test_concurrency_bounds_in_flight_requests() -> None:
