@@ -86,9 +86,11 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"mock"``...) or a backend object.
         concurrency: Requests in flight; ``None`` takes lm-eval's ``batch_size`` when it is above 1, else the
             backend's own hint.
-        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` (the default) or ``0`` for no limit.
         idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
             takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
+            Either option means the same whether given in Python or as text (``--model_args``:
+            ``idle_timeout=None`` is the default, ``idle_timeout=0`` no limit); a negative is refused.
         max_attempts: Attempts per request for retryable errors, the first included.
         progress: Show a progress bar per batch.
         cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.

@@ -61,6 +61,44 @@ def test_model_args_string_forwards_backend_options_and_drops_lm_eval_extras() -
 
 
 @pytest.mark.parametrize(
+    ("model_args", "python", "expected"),
+    [
+        ("idle_timeout=None", {"idle_timeout": None}, ab.Timeouts(total=None, idle=120)),
+        (
+            "idle_timeout='None'",
+            {"idle_timeout": "none"},
+            ab.Timeouts(total=None, idle=120),
+        ),  # text reaches us
+        ("idle_timeout=0", {"idle_timeout": 0}, ab.Timeouts(total=None, idle=None)),
+        ("timeout=0", {"timeout": 0}, ab.Timeouts(total=None, idle=120)),
+        ("timeout='None'", {"timeout": None}, ab.Timeouts(total=None, idle=120)),
+        (
+            "timeout=30,idle_timeout=0.5",
+            {"timeout": "30", "idle_timeout": 0.5},
+            ab.Timeouts(total=30, idle=0.5),
+        ),
+    ],
+)
+def test_timeouts_mean_the_same_in_model_args_and_in_python(
+    model_args: str, python: dict[str, Any], expected: ab.Timeouts
+) -> None:
+    # None (however spelled) keeps the default, 0 turns a limit off: for both options.
+    lm = get_model("asyncbackends").create_from_arg_string(f"backend=mock,{model_args}", {"batch_size": 1})
+    direct = AsyncBackendsLM("mock", progress=False, **python)
+    try:
+        assert lm.timeout == direct.timeout == expected
+    finally:
+        lm.close()
+        direct.close()
+
+
+@pytest.mark.parametrize("model_args", ["timeout=-1", "idle_timeout=-5", "idle_timeout=true", "timeout=soon"])
+def test_a_timeout_that_is_not_seconds_is_refused(model_args: str) -> None:
+    with pytest.raises(ab.InvalidRequestError, match="must be a number of seconds >= 0"):
+        get_model("asyncbackends").create_from_arg_string(f"backend=mock,{model_args}", {"batch_size": 1})
+
+
+@pytest.mark.parametrize(
     ("concurrency", "batch_size", "expected"),
     [
         (None, 1, None),
