@@ -9,6 +9,7 @@ vLLM then returns each prompt token's logprob and rank given the tokens before i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ __all__ = [
 
 Tokenizer = Callable[[str], list[int]]
 """Encodes text to token ids without special tokens."""
+
+log = logging.getLogger(__name__)
 
 TextsEncoder = Callable[[list[str]], Awaitable[list[list[int]]]]
 """Encodes texts to token ids without special tokens, one list per text, in order (a tokenizer route, a worker
@@ -76,7 +79,8 @@ def plan_loglikelihood(
     Returns:
         The plan (``scored`` may be 0: a continuation that merged into the context under ``"encode_pair"``
         scores nothing, as in lm-eval), or ``None`` when the continuation alone does not fit (it cannot be
-        scored whole). An over-long context is truncated from the left, as lm-eval does.
+        scored whole). An over-long context is truncated from the left (with a warning), as lm-eval's vllm
+        model does: the prompt is the last ``max_prompt_tokens`` tokens.
     """
     context, continuation = split_trailing_space(context, continuation)
     if context:
@@ -102,6 +106,11 @@ def plan_loglikelihood(
     if scored + 1 > max_prompt_tokens:
         return None
     truncated = max(0, len(tokens) - max_prompt_tokens)
+    if truncated:  # lm-eval's vllm model warns too, and truncates the same tokens
+        log.warning(
+            "context of %d tokens left-truncated to fit the model's %d-token prompt: the first %d dropped",
+            len(tokens) - scored, max_prompt_tokens - scored, truncated,
+        )  # fmt: skip
     return ScoringPlan(tuple(tokens[truncated:]), scored, truncated)
 
 

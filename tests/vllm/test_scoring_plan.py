@@ -77,11 +77,18 @@ def test_empty_context_uses_the_stand_in_token() -> None:
     assert plan is not None and plan.token_ids == (9, ord("a"), ord("b")) and plan.scored == 2
 
 
-def test_long_context_is_cut_from_the_left_and_long_continuation_refused() -> None:
-    plan = plan_loglikelihood(
-        "c" * 50, "xyz", encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
-    )
+def test_long_context_is_cut_from_the_left_and_long_continuation_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="asyncbackends.adapters._scoring"):
+        plan = plan_loglikelihood(
+            "c" * 50, "xyz", encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
+        )
     assert plan is not None
+    # Not silent: said as lm-eval's vllm model says it.
+    assert [r.getMessage() for r in caplog.records] == [
+        "context of 50 tokens left-truncated to fit the model's 7-token prompt: the first 43 dropped"
+    ]
     assert plan.token_ids == (*_chars("c" * 7), *_chars("xyz")) and plan.scored == 3 and plan.truncated == 43
     assert (
         plan_loglikelihood(
