@@ -132,7 +132,9 @@ def backend_method(backend: AsyncBackend, request_type: type[Request]) -> Backen
         The method, or ``None`` when ``request_type`` is not a request type or the backend lacks the
         (optional) method.
     """
-    entry = _DISPATCH.get(request_type)
+    # By the nearest request type in the MRO: a private subclass (the lm-eval integration's
+    # `_text.EncodePairRequest`) is served as the request it extends.
+    entry = next((_DISPATCH[t] for t in request_type.__mro__ if t in _DISPATCH), None)
     return None if entry is None else entry[1](backend)
 
 

@@ -1,17 +1,20 @@
 """Token arithmetic for scoring, shared by the vllm, openai and tgi adapters (no engine, no vLLM import).
 
 Scoring works on token ids, never on strings: the context and context+continuation are encoded separately
-and the continuation's tokens are the tail of the whole encoding beyond the context's (lm-eval's approach),
-so a token that merges across the boundary is scored once, as the model would see it. vLLM then returns
-each prompt token's logprob and rank given the tokens before it (``prompt_logprobs=0``).
+and the continuation's tokens are the tail of the whole encoding beyond the context's token count. Which
+prompt that tail is scored after, where a token crosses the boundary, is the request's `Split`: the whole
+text's tokens (a plain request; lighteval's models) or the context's own tokens (lm-eval's ``_encode_pair``).
+vLLM then returns each prompt token's logprob and rank given the tokens before it (``prompt_logprobs=0``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._text import Split
 from .._text import split_trailing_space as split_trailing_space
 from .._types import LoglikelihoodResult
 
@@ -29,6 +32,8 @@ __all__ = [
 
 Tokenizer = Callable[[str], list[int]]
 """Encodes text to token ids without special tokens."""
+
+log = logging.getLogger(__name__)
 
 TextsEncoder = Callable[[list[str]], Awaitable[list[list[int]]]]
 """Encodes texts to token ids without special tokens, one list per text, in order (a tokenizer route, a worker
@@ -58,6 +63,7 @@ def plan_loglikelihood(
     prefix: Sequence[int],
     empty_context_token: int,
     max_prompt_tokens: int,
+    split: Split = "whole",
 ) -> ScoringPlan | None:
     """Plan the prompt that scores ``continuation`` after ``context``.
 
@@ -68,28 +74,44 @@ def plan_loglikelihood(
         prefix: Special tokens the tokenizer puts in front of every text (``[bos]`` for Llama-like ones).
         empty_context_token: The token that stands in for an empty context.
         max_prompt_tokens: The longest prompt the engine scores (``max_model_len - 1``).
+        split: Which tokens are scored where a token crosses the boundary (`Split`).
 
     Returns:
-        The plan, or ``None`` when the continuation alone does not fit (it cannot be scored whole). An
-        over-long context is truncated from the left, as lm-eval does.
+        The plan (``scored`` may be 0: a continuation that merged into the context under ``"encode_pair"``
+        scores nothing, as in lm-eval), or ``None`` when the continuation alone does not fit (it cannot be
+        scored whole). An over-long context is truncated from the left (with a warning), as lm-eval's vllm
+        model does: the prompt is the last ``max_prompt_tokens`` tokens.
     """
     context, continuation = split_trailing_space(context, continuation)
     if context:
         context_ids = [*prefix, *encode(context)]
         whole = [*prefix, *encode(context + continuation)]
-        continuation_ids = whole[len(context_ids) :]
-        if not continuation_ids:
-            # The continuation merged into the context's last token: score it as its own tokens instead.
-            continuation_ids = encode(continuation)
-            whole = context_ids + continuation_ids
+        cut = len(context_ids)
+        if split == "encode_pair":
+            tokens = context_ids + whole[cut:]
+        else:
+            tokens = whole
+            if cut == len(whole):  # merged whole into the context's last token: that token is scored
+                cut -= 1
     else:
         continuation_ids = encode(continuation)
-        whole = [empty_context_token, *continuation_ids]
-    scored = len(continuation_ids)
-    if scored == 0 or scored + 1 > max_prompt_tokens:
+        if split == "encode_pair" and continuation_ids[:1] == [empty_context_token]:
+            tokens = continuation_ids  # lm-eval: the text's own first token conditions the rest
+        else:
+            tokens = [empty_context_token, *continuation_ids]
+        cut = 1
+    if cut < 1:  # nothing left before the scored tokens: the stand-in conditions them
+        tokens, cut = [empty_context_token, *tokens], 1
+    scored = max(0, len(tokens) - cut)
+    if scored + 1 > max_prompt_tokens:
         return None
-    truncated = max(0, len(whole) - max_prompt_tokens)
-    return ScoringPlan(tuple(whole[truncated:]), scored, truncated)
+    truncated = max(0, len(tokens) - max_prompt_tokens)
+    if truncated:  # lm-eval's vllm model warns too, and truncates the same tokens
+        log.warning(
+            "context of %d tokens left-truncated to fit the model's %d-token prompt: the first %d dropped",
+            len(tokens) - scored, max_prompt_tokens - scored, truncated,
+        )  # fmt: skip
+    return ScoringPlan(tuple(tokens[truncated:]), scored, truncated)
 
 
 async def aplan_loglikelihood(
@@ -100,31 +122,24 @@ async def aplan_loglikelihood(
     prefix: Sequence[int],
     empty_context_token: int,
     max_prompt_tokens: int,
+    split: Split = "whole",
 ) -> ScoringPlan | None:
     """`plan_loglikelihood` with an asynchronous encoder: the texts it needs are encoded in one call.
 
-    The continuation alone is encoded in a second call only when it merged into the context's last token.
     Arguments and result as `plan_loglikelihood`'s.
     """
     context, continuation = split_trailing_space(context, continuation)
     texts = [context, context + continuation] if context else [continuation]
     encoded = dict(zip(texts, await encode(texts), strict=True))
-
-    def plan() -> ScoringPlan | None:
-        return plan_loglikelihood(
-            context,
-            continuation,
-            encode=encoded.__getitem__,
-            prefix=prefix,
-            empty_context_token=empty_context_token,
-            max_prompt_tokens=max_prompt_tokens,
-        )
-
-    try:
-        return plan()
-    except KeyError:  # the merged case: the plan scores the continuation on its own tokens
-        [encoded[continuation]] = await encode([continuation])
-        return plan()
+    return plan_loglikelihood(
+        context,
+        continuation,
+        encode=encoded.__getitem__,
+        prefix=prefix,
+        empty_context_token=empty_context_token,
+        max_prompt_tokens=max_prompt_tokens,
+        split=split,
+    )
 
 
 def plan_rolling(token_ids: Sequence[int], *, prefix_token: int, max_prompt_tokens: int) -> list[ScoringPlan]:

@@ -47,23 +47,32 @@ def length_failures(outcomes: Sequence[object], what: str, log: logging.Logger) 
 def eval_timeouts(timeout: float | str | None, idle_timeout: float | str | None) -> Timeouts:
     """The run's `Timeouts` from an integration's two options (numbers, or the text of model args).
 
-    ``timeout`` is the total per attempt (``None``: none); ``idle_timeout`` the longest wait for the next
-    byte or token (``None``: the default 120 s; ``0``: none).
+    One meaning however a value arrives (Python, lm-eval's ``--model_args`` string, which turns ``None`` into
+    ``None`` and ``0`` into ``0``, or the text itself): ``None`` (or ``"none"``, ``""``) keeps the default (no
+    total; 120 s idle), ``0`` turns that limit off, a positive number of seconds sets it.
+
+    Args:
+        timeout: Seconds per attempt in all.
+        idle_timeout: The longest wait for the next byte or token.
 
     Raises:
-        InvalidRequestError: A value that is not a number of seconds.
+        InvalidRequestError: A value that is not a number of seconds >= 0 (a negative one, ``True``...).
     """
 
     def seconds(name: str, value: float | str | None) -> float | None:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
             return None
         try:
-            return float(value)
+            if isinstance(value, bool):  # lm-eval's parser makes "true" True: not a number of seconds
+                raise ValueError
+            number = float(value)
         except (TypeError, ValueError):
-            raise InvalidRequestError(f"{name} must be a number of seconds, got {value!r}") from None
+            number = math.nan
+        if not number >= 0:
+            raise InvalidRequestError(
+                f"{name} must be a number of seconds >= 0 (0: no limit; None: the default), got {value!r}"
+            )
+        return number
 
-    idle = seconds("idle_timeout", idle_timeout)
-    return Timeouts(
-        total=seconds("timeout", timeout),
-        idle=DEFAULT_IDLE if idle is None and idle_timeout is None else (idle or None),
-    )
+    total, idle = seconds("timeout", timeout), seconds("idle_timeout", idle_timeout)
+    return Timeouts(total=total or None, idle=DEFAULT_IDLE if idle is None else (idle or None))

@@ -86,11 +86,16 @@ class AsyncBackendsModelConfig(CustomModelConfig):
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"openai"``, ``"mock"``...).
         backend_options: Passed to `create_backend` unchanged (``model``, ``dtype``, ``url``...).
         concurrency: Requests in flight; ``None`` takes the backend's own hint.
-        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` (the default) or ``0`` for no limit.
         idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
             takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
+            Either option means the same whether given in Python or as text (``--model_args``:
+            ``idle_timeout=None`` is the default, ``idle_timeout=0`` no limit); a negative is refused.
         max_attempts: Attempts per request for retryable errors, the first included.
-        use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring).
+        use_chat_template: Send chat messages (generation) and chat-rendered prompts (scoring). ``None``
+            (the default) decides as lighteval's own vLLM and transformers models do: on when the backend's
+            tokenizer has a chat template. A backend without a tokenizer (``tgi``, ``openai``...) gets plain
+            prompts, with a warning: lighteval's own endpoint models always send chat messages.
         max_length: The model's context length, reported to lighteval; ``None`` asks the backend.
         progress: Show a progress bar per batch.
         ignore_generation_parameters: ``generation_parameters`` fields to drop on purpose (each logged once);
@@ -112,7 +117,7 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     timeout: float | None = None
     idle_timeout: float | None = None
     max_attempts: int = 3
-    use_chat_template: bool = False
+    use_chat_template: bool | None = None
     max_length: int | None = None
     progress: bool = True
     ignore_generation_parameters: list[str] = Field(default_factory=list)
@@ -160,7 +165,8 @@ class AsyncBackendsModel(LightevalModel):
             backend if backend is not None else create_backend(config.backend, **config.backend_options)
         )
         self.retry = RetryPolicy(max_attempts=config.max_attempts)
-        self.prompt_manager = PromptManager(config.use_chat_template, self.tokenizer, config.system_prompt)
+        self._chat_by_default = _chat_by_default(self.tokenizer, config.use_chat_template, self._name)
+        self.prompt_manager = PromptManager(self._chat(), self.tokenizer, config.system_prompt)
         self._cache = SampleCache(config)
 
     # -- what lighteval asks of every model --------------------------------------------------------
@@ -206,7 +212,8 @@ class AsyncBackendsModel(LightevalModel):
         return results
 
     def _chat(self) -> bool:
-        return bool(self.config.use_chat_template)
+        chosen = self.config.use_chat_template
+        return self._chat_by_default if chosen is None else bool(chosen)
 
     def sampling_params(self, doc: Doc) -> SamplingParams:
         """The `SamplingParams` for one document: its size, stops and samples, the config's sampling.
@@ -348,6 +355,19 @@ class AsyncBackendsModel(LightevalModel):
             ModelResponse(input=text, logprobs=[_logprob(r)], argmax_logits_eq_gold=[_greedy(r)])
             for text, r in zip(texts, results, strict=True)
         ]
+
+
+def _chat_by_default(tokenizer: Any, chosen: bool | None, backend: str) -> bool:
+    """The default lighteval's own models take with ``tokenizer``: a chat template where it has one."""
+    default = getattr(tokenizer, "chat_template", None) is not None
+    if chosen is None and tokenizer is None:
+        log.warning(
+            "use_chat_template not set and backend %r has no tokenizer: prompts are sent as plain text, "
+            "while lighteval's own endpoint models (tgi, inference endpoints, litellm) send chat messages; "
+            "set use_chat_template=True for their prompts",
+            backend,
+        )
+    return default
 
 
 def _listed(prompt: Any) -> Any:

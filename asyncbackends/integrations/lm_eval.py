@@ -32,6 +32,7 @@ from .._gather import RetryPolicy, run_batch
 from .._protocol import AsyncBackend
 from .._registry import create_backend
 from .._sampling_table import OPTIONAL_SPECS, SAMPLING_TABLE
+from .._text import EncodePairRequest
 from .._text import split_trailing_space as split_trailing_space
 from .._types import (
     GenerationRequest,
@@ -86,9 +87,11 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         backend: A registered backend name (``"vllm"``, ``"tgi"``, ``"mock"``...) or a backend object.
         concurrency: Requests in flight; ``None`` takes lm-eval's ``batch_size`` when it is above 1, else the
             backend's own hint.
-        timeout: Seconds allowed per attempt in all; ``None`` for no limit.
+        timeout: Seconds allowed per attempt in all; ``None`` (the default) or ``0`` for no limit.
         idle_timeout: Seconds an attempt may wait for the next byte or token (streaming backends); ``None``
             takes the default, 120 s; ``0`` for no limit. A long generation that keeps producing is never cut.
+            Either option means the same whether given in Python or as text (``--model_args``:
+            ``idle_timeout=None`` is the default, ``idle_timeout=0`` no limit); a negative is refused.
         max_attempts: Attempts per request for retryable errors, the first included.
         progress: Show a progress bar per batch.
         cache: Path of a response cache (`ResponseCache`): a killed run resumes where it stopped.
@@ -197,10 +200,12 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         """Score each ``(context, continuation)``: returns ``(logprob, is_greedy)`` per request, in order."""
         args = [tuple(request.args) for request in requests]
         refuse_chat_scoring([arg[0] for arg in args])
-        batch = []
+        # Split into tokens as lm-eval's own models split them (_encode_pair), merges across the boundary
+        # included, so every score is theirs (asyncbackends._text.Split).
+        batch: list[LoglikelihoodRequest] = []
         for index, (context, continuation) in enumerate(args):
             context, continuation = split_trailing_space(context, continuation)
-            batch.append(LoglikelihoodRequest(context, continuation, request_id=f"loglikelihood-{index}"))
+            batch.append(EncodePairRequest(context, continuation, request_id=f"loglikelihood-{index}"))
         # Longest contexts first, so the engine's batches stay full to the end; a context's continuations
         # next to each other, so an engine with a prefix cache finds the context it has just computed.
         order = sorted(range(len(args)), key=lambda i: (-len(args[i][0]), args[i][0], -len(args[i][1])))

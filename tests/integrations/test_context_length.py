@@ -118,6 +118,8 @@ def test_inspect_sees_the_model_length_stop_reason(tmp_path: Path) -> None:
         ("300", "30", ab.Timeouts(total=300, idle=30)),
         (None, 0, ab.Timeouts(total=None, idle=None)),
         ("None", "0", ab.Timeouts(total=None, idle=None)),
+        ("None", "None", ab.Timeouts(total=None, idle=120)),  # None, however spelled, is the default
+        (0, None, ab.Timeouts(total=None, idle=120)),  # 0 is no limit, for the total too
     ],
 )
 def test_integration_timeouts(timeout: Any, idle: Any, expected: ab.Timeouts) -> None:
@@ -125,5 +127,5 @@ def test_integration_timeouts(timeout: Any, idle: Any, expected: ab.Timeouts) ->
 
 
 def test_an_integration_timeout_that_is_not_a_number_is_named() -> None:
-    with pytest.raises(ab.InvalidRequestError, match="idle_timeout must be a number of seconds"):
+    with pytest.raises(ab.InvalidRequestError, match="idle_timeout must be a number of seconds >= 0"):
         eval_timeouts(None, "soon")

@@ -161,3 +161,51 @@ def test_pipeline_on_local_tasks_with_mock(tmp_path: Path, monkeypatch: pytest.M
     scored = details(pipeline, "ab_mc|0")
     assert len(scored) == 10
     assert all(len(response.logprobs) == len(doc.choices) for doc, response in scored)
+
+
+class _WithTokenizer(MockBackend):
+    """The mock backend holding a tokenizer, as the vllm backend does."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+
+
+@pytest.mark.parametrize("template", [True, False])
+def test_chat_template_is_on_by_default_where_lightevals_own_vllm_model_turns_it_on(
+    tmp_path: Path, tiny_model_path: Path, template: bool
+) -> None:
+    from lighteval.models.utils import uses_chat_template
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(tiny_model_path)
+    if not template:
+        tokenizer.chat_template = None
+    backend: Any = _WithTokenizer(tokenizer)
+    model = AsyncBackendsModel(_config(tmp_path), backend=backend)
+    try:
+        # lighteval's VLLMModel and TransformersModel decide with uses_chat_template on their tokenizer.
+        assert model.prompt_manager.use_chat_template is uses_chat_template(tokenizer=tokenizer) is template
+        assert AsyncBackendsModel(
+            _config(tmp_path, use_chat_template=not template), backend=backend
+        )._chat() is (not template)
+    finally:
+        backend.close()
+
+
+def test_no_tokenizer_means_plain_prompts_and_says_lightevals_endpoints_differ(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="asyncbackends.integrations.lighteval"):
+        model = AsyncBackendsModel(_config(tmp_path))
+        explicit = AsyncBackendsModel(_config(tmp_path, use_chat_template=False))
+    try:
+        assert model.prompt_manager.use_chat_template is False
+        assert [r.getMessage() for r in caplog.records if "use_chat_template not set" in r.getMessage()] == [
+            "use_chat_template not set and backend 'mock' has no tokenizer: prompts are sent as plain text, "
+            "while lighteval's own endpoint models (tgi, inference endpoints, litellm) send chat messages; set "
+            "use_chat_template=True for their prompts"
+        ]  # once: not for the model that chose
+    finally:
+        model.cleanup()
+        explicit.cleanup()

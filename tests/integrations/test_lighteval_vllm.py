@@ -52,6 +52,7 @@ def test_lighteval_pipeline_on_vllm(
         cache_dir=str(tmp_path / "cache"),
         generation_parameters=GenerationParameters(temperature=1.0, seed=1234),
         progress=False,
+        use_chat_template=False,  # plain prompts: the reference scores each doc's query as it is
     )
     # The session's engine is shared: wrap it (cleanup then leaves it open).
     model = AsyncBackendsModel(config, backend=vllm_backend)

@@ -14,6 +14,8 @@ from lm_eval.api.model import CachingLM
 from lm_eval.api.registry import get_model
 
 import asyncbackends as ab
+from asyncbackends._cache import request_key
+from asyncbackends._text import EncodePairRequest, split_of
 from asyncbackends.adapters.mock import MockBackend
 from asyncbackends.integrations import lm_eval as ab_lm_eval
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
@@ -56,6 +58,44 @@ def test_model_args_string_forwards_backend_options_and_drops_lm_eval_extras() -
         assert lm.max_gen_toks == 32
     finally:
         lm.close()
+
+
+@pytest.mark.parametrize(
+    ("model_args", "python", "expected"),
+    [
+        ("idle_timeout=None", {"idle_timeout": None}, ab.Timeouts(total=None, idle=120)),
+        (
+            "idle_timeout='None'",
+            {"idle_timeout": "none"},
+            ab.Timeouts(total=None, idle=120),
+        ),  # text reaches us
+        ("idle_timeout=0", {"idle_timeout": 0}, ab.Timeouts(total=None, idle=None)),
+        ("timeout=0", {"timeout": 0}, ab.Timeouts(total=None, idle=120)),
+        ("timeout='None'", {"timeout": None}, ab.Timeouts(total=None, idle=120)),
+        (
+            "timeout=30,idle_timeout=0.5",
+            {"timeout": "30", "idle_timeout": 0.5},
+            ab.Timeouts(total=30, idle=0.5),
+        ),
+    ],
+)
+def test_timeouts_mean_the_same_in_model_args_and_in_python(
+    model_args: str, python: dict[str, Any], expected: ab.Timeouts
+) -> None:
+    # None (however spelled) keeps the default, 0 turns a limit off: for both options.
+    lm = get_model("asyncbackends").create_from_arg_string(f"backend=mock,{model_args}", {"batch_size": 1})
+    direct = AsyncBackendsLM("mock", progress=False, **python)
+    try:
+        assert lm.timeout == direct.timeout == expected
+    finally:
+        lm.close()
+        direct.close()
+
+
+@pytest.mark.parametrize("model_args", ["timeout=-1", "idle_timeout=-5", "idle_timeout=true", "timeout=soon"])
+def test_a_timeout_that_is_not_seconds_is_refused(model_args: str) -> None:
+    with pytest.raises(ab.InvalidRequestError, match="must be a number of seconds >= 0"):
+        get_model("asyncbackends").create_from_arg_string(f"backend=mock,{model_args}", {"batch_size": 1})
 
 
 @pytest.mark.parametrize(
@@ -190,6 +230,26 @@ def test_requests_go_longest_first_with_a_contexts_continuations_together() -> N
         assert texts == [p[:2] for p in prompts]  # the mock echoes its prompt: each answer in its place
     finally:
         lm.close()
+
+
+def test_scoring_requests_ask_for_lm_evals_split_and_are_cached_apart() -> None:
+    class Kinds(_Recording):
+        async def loglikelihood(self, request: ab.LoglikelihoodRequest) -> ab.LoglikelihoodResult:
+            self.seen.append(split_of(request))
+            return await self.inner.loglikelihood(request)
+
+    backend = Kinds()
+    lm = AsyncBackendsLM(backend, progress=False)
+    try:
+        lm.loglikelihood(_instances("loglikelihood", [("The answer is 4", "2."), ("", "x")]))
+    finally:
+        lm.close()
+    # Split as lm-eval's _encode_pair splits (tests/parity/test_lm_eval_scoring.py has the scores).
+    assert backend.seen == ["encode_pair", "encode_pair"]
+    plain, pair = ab.LoglikelihoodRequest("a", "b"), EncodePairRequest("a", "b")
+    assert split_of(plain) == "whole"
+    inner: Any = backend.inner
+    assert request_key(inner, plain) != request_key(inner, pair)
 
 
 def test_concurrency_bounds_in_flight_requests() -> None:

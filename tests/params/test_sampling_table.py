@@ -80,7 +80,25 @@ def test_bounds_are_what_sampling_params_accepts(spec: SamplingParamSpec) -> Non
             ab.SamplingParams(**{spec.name: math.inf})
 
 
-def _sends_as_named(build: Callable[..., dict[str, Any]], spec: SamplingParamSpec, key: str | None) -> None:
+# What the core parameters the table names no plain field for become on each wire, written out from the wire
+# specs: OpenAI's chat API takes logprobs as the boolean `logprobs`; TGI's /generate has no `n` (samples are
+# separate requests), takes `seed` per request (the builder's own argument, one per sample) and always
+# returns token logprobs under `details`; TGI's chat route has no `top_k`, and takes `logprobs` as a boolean.
+_UNNAMED_CORE: dict[tuple[str, str], dict[str, Any]] = {
+    ("openai", "logprobs"): {"logprobs": True},
+    ("tgi", "n"): {},
+    ("tgi", "seed"): {},
+    ("tgi", "logprobs"): {},
+    ("tgi_chat", "top_k"): {},
+    ("tgi_chat", "n"): {},
+    ("tgi_chat", "seed"): {},
+    ("tgi_chat", "logprobs"): {"logprobs": True},
+}
+
+
+def _sends_as_named(
+    build: Callable[..., dict[str, Any]], spec: SamplingParamSpec, key: str | None, wire: str
+) -> None:
     """``build(**params)`` sends ``spec``'s value under ``key`` and changes nothing else (``None``: no field)."""
     value = _value(spec)
     base, body = build(**_BASE), build(**{**_BASE, spec.name: value})
@@ -90,6 +108,8 @@ def _sends_as_named(build: Callable[..., dict[str, Any]], spec: SamplingParamSpe
         assert added == {key}
     elif spec.optional:
         assert added <= _SPECIAL_KEYS, f"{spec.name} sent as {added} though the table names no field for it"
+    else:
+        assert {k: body[k] for k in added} == _UNNAMED_CORE[wire, spec.name]
 
 
 @pytest.mark.parametrize("vllm", [True, False], ids=["vllm-server", "other-server"])
@@ -98,17 +118,18 @@ def test_openai_body_sends_what_the_table_names(spec: SamplingParamSpec, vllm: b
     def build(**params: Any) -> dict[str, Any]:
         return _openai_wire.completion_payload("m", _request(True, **params), vllm=vllm)
 
-    _sends_as_named(build, spec, spec.openai or (spec.openai_vllm if vllm else None))
+    _sends_as_named(build, spec, spec.openai or (spec.openai_vllm if vllm else None), "openai")
 
 
-def test_openai_capabilities_follow_the_table() -> None:
-    for server in ("vllm", "generic"):
+def test_openai_capabilities_are_what_the_servers_take() -> None:
+    # Written out: OpenAI's chat API takes presence/frequency penalties, a JSON Schema response_format and
+    # reasoning_effort; vLLM's server adds repetition_penalty, min_p, min_tokens, a regex and a thinking
+    # budget (its SamplingParams' extra fields). Another server is asked for none of vLLM's extensions.
+    openai = {"presence_penalty", "frequency_penalty", "json_schema", "reasoning_effort"}
+    vllm_extras = {"repetition_penalty", "min_p", "min_tokens", "regex", "thinking_budget"}
+    for server, honoured in (("vllm", openai | vllm_extras), ("generic", openai)):
         caps = _openai_wire.capabilities(server, None)
-        for spec in OPTIONAL_SPECS:
-            if spec.openai or (server == "vllm" and spec.openai_vllm):
-                assert getattr(caps, spec.name), (server, spec.name)
-            elif spec.openai_vllm:
-                assert not getattr(caps, spec.name), (server, spec.name)
+        assert {spec.name for spec in OPTIONAL_SPECS if getattr(caps, spec.name)} == honoured, server
 
 
 @pytest.mark.parametrize("spec", SAMPLING_TABLE, ids=lambda s: s.name)
@@ -120,17 +141,24 @@ def test_tgi_bodies_send_what_the_table_names(spec: SamplingParamSpec) -> None:
     def chat(**params: Any) -> dict[str, Any]:
         return _tgi_wire.chat_payload(_request(True, **params), None)
 
-    _sends_as_named(generate, spec, spec.tgi)
-    _sends_as_named(chat, spec, spec.tgi_chat)
+    _sends_as_named(generate, spec, spec.tgi, "tgi")
+    _sends_as_named(chat, spec, spec.tgi_chat, "tgi_chat")
 
 
-def test_tgi_claims_and_refusals_follow_the_table() -> None:
-    assert set(_tgi_wire.NOT_ON_CHAT) == {s.name for s in OPTIONAL_SPECS if s.tgi and not s.tgi_chat}
-    for spec in OPTIONAL_SPECS:
-        if spec.tgi:
-            assert spec.name in _tgi_wire.HONOURED
-        if spec.name in _tgi_wire.UNSUPPORTED_REASONS:
-            assert spec.name not in _tgi_wire.HONOURED
+def test_tgi_claims_and_refusals_are_what_tgis_spec_allows() -> None:
+    # Written out from TGI's published OpenAPI spec: /generate's GenerateParameters has repetition_penalty,
+    # frequency_penalty and a grammar (JSON Schema or regex); its ChatRequest has no repetition_penalty; neither
+    # has min_p or a minimum length; presence_penalty exists on the chat route only, where TGI turns it into a
+    # repetition penalty (refused: not what it asks).
+    assert set(_tgi_wire.HONOURED) == {"repetition_penalty", "frequency_penalty", "json_schema", "regex"}
+    assert set(_tgi_wire.NOT_ON_CHAT) == {"repetition_penalty"}
+    assert set(_tgi_wire.UNSUPPORTED_REASONS) == {"presence_penalty", "min_p", "min_tokens"}
+    schemas = load_spec()["components"]["schemas"]
+    generate, chat = schemas["GenerateParameters"]["properties"], schemas["ChatRequest"]["properties"]
+    assert {"repetition_penalty", "frequency_penalty", "grammar"} <= set(generate)
+    assert "repetition_penalty" not in chat and "frequency_penalty" in chat
+    for refused in ("min_p", "min_tokens", "min_new_tokens", "presence_penalty"):
+        assert refused not in generate
 
 
 def test_mock_refuses_exactly_the_parameters_that_need_logits() -> None:

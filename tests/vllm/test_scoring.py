@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._text import EncodePairRequest
+
+from ..parity._split_references import lighteval_pair, lm_eval_pairs
 
 # The first test to use the session engine also waits for its start-up (minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
@@ -27,18 +30,8 @@ def _hf_score(hf_model: Any, token_ids: list[int], scored: int) -> tuple[float, 
 
 
 def _hf_pair(hf_tokenizer: Any, context: str, continuation: str) -> tuple[list[int], int]:
-    # An independent statement of the adapter's contract: lm-eval's tail split, BOS in front as in generation.
-    stripped = context.rstrip()
-    context, continuation = stripped, context[len(stripped) :] + continuation
-    if not context:
-        ids = hf_tokenizer(continuation, add_special_tokens=False).input_ids
-        return [hf_tokenizer.bos_token_id, *ids], len(ids)
-    ctx = hf_tokenizer(context).input_ids
-    whole = hf_tokenizer(context + continuation).input_ids
-    if len(whole) == len(ctx):  # merged into the context's last token: scored as its own tokens instead
-        own = hf_tokenizer(continuation, add_special_tokens=False).input_ids
-        return ctx + own, len(own)
-    return whole, len(whole) - len(ctx)
+    """(prompt, scored) of a plain request: lighteval's own split (a plain request splits as its models do)."""
+    return lighteval_pair(hf_tokenizer, context, continuation)
 
 
 def test_loglikelihood_matches_transformers(backend: Any, hf_model: Any, hf_tokenizer: Any) -> None:
@@ -47,6 +40,7 @@ def test_loglikelihood_matches_transformers(backend: Any, hf_model: Any, hf_toke
         ("Paris is the capital of ", "France"),  # trailing space moves to the continuation
         ("", "Once upon a time"),  # empty context: BOS stands in
         ("Question: What is two plus two? Answer:", " four."),
+        ("The answer is 4", "2"),  # merges whole into the context's last token (" 42"): that token is scored
         # The model's own greedy next token (checked independently below, through transformers).
         ("Once upon a time", "g"),
         ("The answer is", ","),
@@ -65,6 +59,26 @@ def test_loglikelihood_matches_transformers(backend: Any, hf_model: Any, hf_toke
         expected_greedy.append(is_greedy)
     assert expected_greedy[-2:] == [True, True], "the model's own greedy continuation must score as greedy"
     assert not all(expected_greedy)
+
+
+def test_lm_eval_split_matches_transformers_on_lm_evals_own_tokens(
+    backend: Any, hf_model: Any, hf_tokenizer: Any
+) -> None:
+    pairs = [
+        ("The answer is 4", "2."),  # " 42" merges across the boundary: "." is scored after " 4"
+        ("Paris is the capital of ", "France"),
+        ("", "Once upon a time"),
+        ("Question: What is two plus two? Answer:", " four."),
+    ]
+    results = ab.run_batch(backend, [EncodePairRequest(c, x) for c, x in pairs])
+    for (context_enc, continuation_enc), result in zip(
+        lm_eval_pairs(hf_tokenizer, pairs), results, strict=True
+    ):
+        logprob, is_greedy, parts = _hf_score(hf_model, context_enc + continuation_enc, len(continuation_enc))
+        assert result.num_tokens == len(continuation_enc)
+        assert result.logprob == pytest.approx(logprob, abs=1e-3)
+        assert result.token_logprobs == pytest.approx(parts, abs=1e-3)
+        assert result.is_greedy is is_greedy
 
 
 def test_overlong_context_is_truncated_from_the_left(backend: Any, hf_model: Any, hf_tokenizer: Any) -> None:

@@ -59,6 +59,17 @@ def test_plan_takes_the_tail_beyond_the_context() -> None:
     assert plan is not None and plan.token_ids == (7, ord("x"), 1000, ord("c")) and plan.scored == 2
 
 
+def test_a_continuation_merged_into_the_context_by_split() -> None:
+    # "xa" + "b": "xab" encodes as x, ab, as many tokens as the context (7, x, a).
+    options: dict[str, Any] = {"encode": _merging, "prefix": (7,), "empty_context_token": 9}
+    whole = plan_loglikelihood("xa", "b", max_prompt_tokens=100, **options)
+    assert whole == ScoringPlan((7, ord("x"), 1000), 1)  # the merged token is scored (lighteval)
+    pair = plan_loglikelihood("xa", "b", max_prompt_tokens=100, split="encode_pair", **options)
+    assert pair == ScoringPlan((7, ord("x"), ord("a")), 0)  # nothing is (lm-eval's _encode_pair)
+    crossing = plan_loglikelihood("xa", "bc", max_prompt_tokens=100, split="encode_pair", **options)
+    assert crossing == ScoringPlan((7, ord("x"), ord("a"), ord("c")), 1)  # c after the context's own a
+
+
 def test_empty_context_uses_the_stand_in_token() -> None:
     plan = plan_loglikelihood(
         "", "ab", encode=_chars, prefix=(7,), empty_context_token=9, max_prompt_tokens=100
@@ -66,11 +77,18 @@ def test_empty_context_uses_the_stand_in_token() -> None:
     assert plan is not None and plan.token_ids == (9, ord("a"), ord("b")) and plan.scored == 2
 
 
-def test_long_context_is_cut_from_the_left_and_long_continuation_refused() -> None:
-    plan = plan_loglikelihood(
-        "c" * 50, "xyz", encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
-    )
+def test_long_context_is_cut_from_the_left_and_long_continuation_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="asyncbackends.adapters._scoring"):
+        plan = plan_loglikelihood(
+            "c" * 50, "xyz", encode=_chars, prefix=(), empty_context_token=9, max_prompt_tokens=10
+        )
     assert plan is not None
+    # Not silent: said as lm-eval's vllm model says it.
+    assert [r.getMessage() for r in caplog.records] == [
+        "context of 50 tokens left-truncated to fit the model's 7-token prompt: the first 43 dropped"
+    ]
     assert plan.token_ids == (*_chars("c" * 7), *_chars("xyz")) and plan.scored == 3 and plan.truncated == 43
     assert (
         plan_loglikelihood(
@@ -91,9 +109,10 @@ def _absorbing(text: str) -> list[int]:
     continuation=st.text("ab xyz", min_size=1, max_size=8),
     encode=st.sampled_from([_chars, _merging, _absorbing]),
     room=st.integers(2, 20),
+    split=st.sampled_from(["whole", "encode_pair"]),
 )
 def test_async_plan_is_the_plan_and_asks_for_the_texts_together(
-    context: str, continuation: str, encode: Callable[[str], list[int]], room: int
+    context: str, continuation: str, encode: Callable[[str], list[int]], room: int, split: Any
 ) -> None:
     calls: list[list[str]] = []
 
@@ -101,12 +120,17 @@ def test_async_plan_is_the_plan_and_asks_for_the_texts_together(
         calls.append(texts)
         return [encode(t) for t in texts]
 
-    options: dict[str, Any] = {"prefix": (7,), "empty_context_token": 9, "max_prompt_tokens": room}
+    options: dict[str, Any] = {
+        "prefix": (7,),
+        "empty_context_token": 9,
+        "max_prompt_tokens": room,
+        "split": split,
+    }
     expected = plan_loglikelihood(context, continuation, encode=encode, **options)
     got = asyncio.run(aplan_loglikelihood(context, continuation, encode=encode_many, **options))
     assert got == expected
     assert len(calls[0]) == (2 if context.rstrip() else 1)  # context and the whole: one call
-    assert len(calls) <= 2  # a second only for a continuation that merged into the context
+    assert len(calls) == 1
 
 
 @given(n=st.integers(1, 300), window=st.integers(2, 40))

@@ -1,9 +1,9 @@
 """Loglikelihoods on a vLLM server for the ``openai`` adapter: its ``POST /tokenize`` and echoed logprobs.
 
 Context and continuation are tokenized by the server's ``/tokenize`` (at the server root, beside ``/v1``)
-and split on token ids exactly as the in-process ``vllm`` adapter splits them (`_scoring`); the token-id
-prompt is then sent to ``/completions`` with ``echo: true``, so each prompt token comes back with its
-logprob and the top-1 alternative (which says whether it is greedy).
+and split on token ids exactly as the in-process ``vllm`` adapter splits them (`_scoring`, the request's
+`Split`); the token-id prompt is then sent to ``/completions`` with ``echo: true``, so each prompt token comes
+back with its logprob and the top-1 alternative (which says whether it is greedy).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..._tasks import all_or_nothing
+from ..._text import split_of
 from ..._timeouts import idle_timeout
 from ..._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
 from ...errors import BackendError, ContextLengthError, RequestRejectedError
@@ -68,6 +69,7 @@ class VLLMServerScoring:
             prefix=prefix,
             empty_context_token=stand_in if stand_in is not None else -1,
             max_prompt_tokens=self._max_prompt_tokens,
+            split=split_of(request),
         )
         if scoring is None:
             raise ContextLengthError(
@@ -147,6 +149,8 @@ class VLLMServerScoring:
 
     async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
         """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
+        if plan.scored == 0:  # a continuation that merged into the context (lm-eval's split): an empty sum
+            return []
         body = await self._post("/completions", echo_payload(self.model, plan), rid, idle_timeout())
         try:
             return parse_echo(body, plan)

@@ -32,6 +32,7 @@ from ..._protocol import BaseBackend
 from ..._refusals import refuse_unclaimed_chat, refuse_unsupported
 from ..._registry import check_options
 from ..._tasks import all_or_nothing
+from ..._text import split_of
 from ..._types import (
     Completion,
     GenerationRequest,
@@ -583,6 +584,7 @@ class VLLMBackend(BaseBackend):
             prefix=self._prefix,
             empty_context_token=self._stand_in,
             max_prompt_tokens=self._max_prompt_tokens,
+            split=split_of(request),
         )
         if plan is None:
             raise ContextLengthError(

@@ -148,6 +148,8 @@ class EngineScoring:
         Raises:
             BackendError: vLLM's answer lacks a scored token, or the engine request failed.
         """
+        if plan.scored == 0:  # a continuation that merged into the context (lm-eval's split): an empty sum
+            return []
         if plan.scored == 1 and self.mode.token_ids:
             return [await self.groups.score(plan.token_ids[:-1], plan.token_ids[-1], request_id)]
         if self.mode.cached_prompt:
