@@ -308,14 +308,20 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             )
         # A backend that splits the thinking ends generation at a stop only once thinking has ended; one that
         # does not would end a thought at an answer-level stop ("\n\n" inside it): as lm-eval's vllm model
-        # does, the stops then apply after the thinking is split off here.
-        split_here = self.think_end_token is not None and not self.backend.capabilities.reasoning
+        # does, the stops then apply after the thinking is split off here. A backend splits chats only (as
+        # vllm serve's chat route does; its text route returns the output whole), so text prompts are split
+        # here too.
+        reasoning_backend = self.backend.capabilities.reasoning
         batch = []
         for index, (arg, visual) in enumerate(zip(args, visuals, strict=True)):
             params = self.sampling_params(arg[1])
+            prompt = chat_prompt(arg[0], visual)
+            split_here = self.think_end_token is not None and (
+                not reasoning_backend or isinstance(prompt, str)
+            )
             batch.append(
                 GenerationRequest(
-                    chat_prompt(arg[0], visual),  # type: ignore[arg-type]  # a list of messages is a chat prompt
+                    prompt,  # type: ignore[arg-type]  # a list of messages is a chat prompt
                     replace(params, stop=()) if split_here else params,
                     request_id=f"generate-{index}",
                 )

@@ -105,3 +105,23 @@ def test_unfinished_thoughts_are_counted_in_the_log(caplog: pytest.LogCaptureFix
 def test_think_end_token_must_be_text() -> None:
     with pytest.raises(ab.InvalidRequestError, match="think_end_token"):
         AsyncBackendsLM("mock", think_end_token=151668)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["text", "chat"])
+def test_a_text_prompts_stops_apply_after_the_split_on_a_backend_that_splits_chats_only(chat: bool) -> None:
+    """The vllm adapter (as vllm serve) splits the thinking of chats only: a text prompt's answer-level stop
+    would end the thought, so for a text prompt the stops are applied after ``think_end_token``'s split."""
+    backend = ab.create_backend("mock", thinking="split")
+    assert backend.capabilities.reasoning
+    sent: list[ab.GenerationRequest] = []
+    generate = backend.generate
+
+    async def recorded(request: ab.GenerationRequest) -> ab.GenerationResult:
+        sent.append(request)
+        return await generate(request)
+
+    backend.generate = recorded  # type: ignore[method-assign]
+    lm = AsyncBackendsLM(backend, think_end_token="</think>", progress=False)
+    context = lm.apply_chat_template([{"role": "user", "content": "two"}]) if chat else "two"
+    lm.generate_until([Instance("generate_until", {}, (context, {"until": ["\n\n"], "max_gen_toks": 8}), 0)])
+    assert [r.params.stop for r in sent] == [("\n\n",) if chat else ()]
