@@ -35,7 +35,7 @@ from .._types import (
     Request,
     RollingLoglikelihoodRequest,
 )
-from .._usage import pricing_of
+from .._usage import Pricing, pricing_of
 from ..errors import BackendTimeoutError, BudgetExceededError
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
@@ -94,6 +94,11 @@ class LimitedBackend(Closing):
             f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r}, "
             f"timeout={self.timeout!r})"
         )
+
+    @property
+    def pricing(self) -> Pricing | None:
+        """The wrapped backend's prices (`Pricing`), where it has them: limits do not change them."""
+        return pricing_of(self.backend)
 
     @property
     def fingerprint(self) -> Mapping[str, Any] | None:

@@ -28,6 +28,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra(exc, __name__, "lm-eval", "lm-eval") from exc
 
+from .._budget import Budget
 from .._gather import RetryPolicy, run_batch
 from .._protocol import AsyncBackend
 from .._registry import create_backend
@@ -42,6 +43,7 @@ from .._types import (
     RollingLoglikelihoodRequest,
     SamplingParams,
 )
+from .._wrappers.limited import limited
 from ..errors import ContextLengthError, InvalidRequestError
 from ._closing import close_when_dropped
 from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
@@ -101,6 +103,12 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         think_end_token: lm-eval's option for reasoning models: what ends the thinking (``"</think>"``). The
             scored text is what follows it; a generation without it never finished thinking and scores as an
             empty answer. A backend that splits the thinking itself (`Completion.reasoning`) needs none.
+        budget_tokens: The most tokens the whole evaluation may spend (every request type's run together);
+            a request it cannot cover is not sent and the evaluation ends with `BudgetExceededError` (a rerun
+            on the same ``cache`` with a larger budget sends only what was not sent).
+        budget_cost: The most the whole evaluation may cost at the backend's prices (``price_input=``,
+            ``price_output=``, ``price_cached_input=``, ``price_reasoning=`` per 1M tokens, given as options
+            of a backend built by name).
         batch_size: Given by lm-eval; an integer above 1 is the concurrency unless ``concurrency`` is set.
         max_batch_size: Given by lm-eval; ignored.
         device: Given by lm-eval; ignored (the backend decides where it runs).
@@ -120,12 +128,22 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         max_gen_toks: int = 256,
         ignore_gen_kwargs: str | Sequence[str] = (),
         think_end_token: str | None = None,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
         **backend_options: Any,
     ) -> None:
         super().__init__()
+        # Prices as flat model args (a model_args string holds no mapping): `pricing`'s fields, checked there.
+        prices = {
+            k.removeprefix("price_"): backend_options.pop(k)
+            for k in list(backend_options)
+            if k[:6] == "price_"
+        }
+        if prices:
+            backend_options["pricing"] = prices
         if isinstance(backend, str):
             self.backend: AsyncBackend = create_backend(backend, **backend_options)
             close_when_dropped(self, self.backend)  # lm-eval never calls close()
@@ -136,6 +154,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             )
         else:
             self.backend = backend
+        if budget_tokens is not None or budget_cost is not None:
+            # One budget for the evaluation's several runs: a wrapper holds it, as any limit outliving a run.
+            self.backend = limited(self.backend, budget=Budget(tokens=budget_tokens, cost=budget_cost))
         self.concurrency = _concurrency(concurrency, batch_size)
         self.timeout = eval_timeouts(timeout, idle_timeout)
         self.retry = RetryPolicy(max_attempts=int(max_attempts))

@@ -215,3 +215,28 @@ def test_an_lm_eval_run_through_a_limited_backend_stops_at_its_budget() -> None:
     with pytest.raises(ab.BudgetExceededError, match="larger budget"):
         lm.generate_until(instances)
     assert 0 < sent(inner) < 40
+
+
+def test_an_lm_eval_model_args_string_gives_prices_and_one_budget_for_the_evaluation() -> None:
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from asyncbackends.integrations.lm_eval import AsyncBackendsLM
+
+    lm = AsyncBackendsLM.create_from_arg_string(
+        "backend=mock,progress=False,budget_cost=0.0003,price_input=1.0,price_output=2.0"
+    )
+    assert lm.backend.pricing == ab.Pricing(input=1.0, output=2.0)  # type: ignore[attr-defined]
+    first = [
+        Instance("generate_until", {}, (f"a {i:02d}", {"until": ["\n"], "max_gen_toks": 4}), i)
+        for i in range(5)
+    ]
+    assert len(lm.generate_until(first)) == 5  # a first run of the evaluation, within the budget
+    more = [
+        Instance("generate_until", {}, (f"prompt {i:03d}", {"until": ["\n"], "max_gen_toks": 8}), i)
+        for i in range(40)
+    ]
+    with pytest.raises(ab.BudgetExceededError):  # a later run shares what the first one spent
+        lm.generate_until(more)
+    with pytest.raises(ab.InvalidRequestError, match="needs the backend's prices"):
+        AsyncBackendsLM.create_from_arg_string("backend=mock,budget_cost=1")
