@@ -64,7 +64,7 @@ CASES: list[tuple[str, str]] = [
 
 def build_family_model(family: str, directory: Path) -> Path:
     """Write a tiny random-weight Llama with ``family``'s tokenizer into ``directory`` and return it."""
-    from asyncbackends.testing.tiny_model import TINY_MODEL_CONFIG, random_model
+    from asyncbackends.testing._tiny_llama import TINY_MODEL_CONFIG, random_model
 
     if (directory / "config.json").is_file():
         return directory
