@@ -16,6 +16,7 @@ which has no logprob, and fails (a TypeError in its own code).
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,12 @@ def lighteval_reference(
         patch.setattr(vllm_model, "LLM", lighteval_llm)
         model = vllm_model.VLLMModel(config)
     yield model
-    del model.model
+    del model.model, model
+    # vLLM's LLM leaves a ZMQ context in a reference cycle: collected here, its ResourceWarning silenced,
+    # rather than by whichever later test (or pytest's session end, which fails the run) meets it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture(scope="module")
