@@ -616,6 +616,10 @@ class VLLMBackend(BaseBackend):
     async def _close_once(self) -> None:
         if self._closing is None:
             self._closing = asyncio.ensure_future(super().aclose())
+        elif self._closing.get_loop() is not asyncio.get_running_loop():
+            # Closed on a manager's loop that stopped since (its shutdown closes every backend): that close
+            # had its turn there and cannot be awaited from this loop; there is nothing left to do here.
+            return
         # Shielded: a caller that gives up waiting does not cut the clean-up short for the others.
         await asyncio.shield(self._closing)
 
