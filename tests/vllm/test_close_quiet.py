@@ -74,22 +74,15 @@ AT_EXIT = textwrap.dedent(
 
 # A test session's end (tests/ray's teardown): the manager's shutdown closes the backend on its loop, then the
 # backend's own fixture closes it again from a new manager; that second close used to end in CancelledError.
-AFTER_SHUTDOWN = textwrap.dedent(
-    """
-    import json, sys
-    import asyncbackends as ab
-    from tests.processes import engine_core_pids
-
-    if __name__ == "__main__":
-        model, options = sys.argv[1], json.loads(sys.argv[2])
-        backend = ab.create_backend("vllm", model=model, **options)
-        (result,) = ab.run_batch(backend, [ab.GenerationRequest("Hello", ab.SamplingParams(max_tokens=4))])
-        print("generated", len(result.completions[0].token_ids), flush=True)
-        print("engine cores", len(engine_core_pids()), flush=True)
+AFTER_SHUTDOWN = AT_EXIT + textwrap.indent(
+    textwrap.dedent(
+        """
         ab.get_loop_manager().shutdown()
         backend.close()
         print("closed; engine cores left", len(engine_core_pids()), flush=True)
-    """
+        """
+    ).lstrip("\n"),
+    "    ",
 )
 
 
@@ -128,11 +121,20 @@ def test_close_is_silent_and_leaves_nothing_running(
     lines = stdout.splitlines()
     assert proc.returncode == 0, stderr[-3000:]
     assert "generated 4" in lines and "engine cores 1" in lines
-    if script_text is not AT_EXIT:
+    if script_text is SCRIPT:
         assert "closed; engine cores left 0" in lines  # aclose() returned once the engine's processes exited
+    if script_text is AFTER_SHUTDOWN:
+        # The second close returns without raising; the shutdown's own close may still be ending the engine
+        # core then (its grace is on the clock), so nothing left is checked on the whole group below instead.
+        assert any(line.startswith("closed; engine cores left") for line in lines)
     # vLLM logs to stdout by default; the library sends its logs to stderr, so stdout holds the script's
     # own lines alone. Both are read for noise (Python's warnings go to stderr).
-    assert set(lines) <= {"generated 4", "engine cores 1", "closed; engine cores left 0"}, stdout[-3000:]
+    printed = (
+        {line for line in lines if not line.startswith("closed; engine cores left")}
+        if script_text is AFTER_SHUTDOWN
+        else set(lines)
+    )
+    assert printed <= {"generated 4", "engine cores 1", "closed; engine cores left 0"}, stdout[-3000:]
     found = [line for line in (stdout + stderr).splitlines() if any(noise in line for noise in NOISE)]
     assert not found, found
     assert left == []
