@@ -44,6 +44,7 @@ from ._usage import Pricing, Usage
 from ._version import __version__ as __version__
 from ._wrappers.limited import LimitedBackend, limited
 from ._wrappers.pool import PoolBackend, pool
+from ._wrappers.with_adapter import AdapterBackend, with_adapter
 from .errors import (
     AsyncBackendsError,
     AuthenticationError,
@@ -63,6 +64,7 @@ from .errors import (
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "AdapterBackend",
     "AdaptiveConcurrency",
     "AsyncBackend",
     "AsyncBackendsError",
@@ -123,6 +125,7 @@ __all__ = [
     "pool",
     "register_backend",
     "run_batch",
+    "with_adapter",
 ]
 
 # Public names report the package as their home, as httpx's do: reprs, tracebacks, pickles and help() say

@@ -101,7 +101,9 @@ class Keyer:
             written = json.dumps(plain(params), sort_keys=True, default=str)
             if params.json_schema is None:
                 self._params[params] = written
-        text = f'{{"params": {written}, "prompt": {json.dumps(prompt)}'
+        # sort_keys order: "adapter" (written only when set) comes before "params".
+        adapter = "" if request.adapter is None else f'"adapter": {json.dumps(request.adapter)}, '
+        text = f'{{{adapter}"params": {written}, "prompt": {json.dumps(prompt)}'
         if request.tool_choice != "auto":
             text += f', "tool_choice": {json.dumps(request.tool_choice)}'
         if request.tools:
@@ -118,6 +120,7 @@ _DIRECT = tuple(f.name for f in dataclasses.fields(GenerationRequest)) == (
     "request_id",
     "tools",
     "tool_choice",
+    "adapter",
 )
 
 
@@ -131,6 +134,9 @@ def _canonical_request(request: Request) -> dict[str, Any]:
     data: dict[str, Any] = plain(request)
     data.pop("request_id", None)
     data["type"] = type(request).__name__
+    if data.get("adapter") is None:
+        # Left out when unset (the base model), so every key is what it was before adapters existed.
+        data.pop("adapter", None)
     if isinstance(request, GenerationRequest):
         # Left out at their defaults, so a text request's key is what it was before tools existed.
         if not request.tools:

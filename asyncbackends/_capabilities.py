@@ -41,10 +41,12 @@ class Capabilities:
         reasoning: Returns a reasoning model's thinking apart from its answer (`Completion.reasoning`).
         reasoning_effort: Honours ``SamplingParams.reasoning_effort``.
         thinking_budget: Enforces ``SamplingParams.thinking_budget``.
+        adapters: Serves LoRA adapters named per request (``GenerationRequest.adapter`` and the
+            loglikelihood requests' ``adapter``).
 
     A backend refuses a request that sets an optional sampling parameter whose flag is false, or that holds
-    images or tools it does not claim, with `RequestRejectedError` naming it, before sending anything
-    (`unsupported` lists the parameters).
+    images or tools it does not claim, or that names an adapter without ``adapters``, with
+    `RequestRejectedError` naming it, before sending anything (`unsupported` lists the parameters).
     """
 
     loglikelihood: bool = False
@@ -69,6 +71,7 @@ class Capabilities:
     reasoning: bool = False
     reasoning_effort: bool = False
     thinking_budget: bool = False
+    adapters: bool = False
 
     def unsupported(self, params: SamplingParams) -> tuple[str, ...]:
         """The optional parameters ``params`` sets that this backend does not honour (empty if none)."""

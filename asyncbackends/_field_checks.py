@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .errors import InvalidRequestError
 
-__all__ = ["as_floats", "as_ints", "check_request_id", "is_int", "is_number", "set_field"]
+__all__ = ["as_floats", "as_ints", "check_adapter", "check_request_id", "is_int", "is_number", "set_field"]
 
 
 def is_int(value: object) -> bool:
@@ -55,3 +55,18 @@ def check_request_id(request_id: object) -> None:
     """Refuse a request id that is neither a str nor ``None``."""
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequestError(f"request_id must be a str or None, got {type(request_id).__name__}")
+
+
+def check_adapter(adapter: object) -> None:
+    """Refuse an adapter name that is not ``None`` or a non-empty str without surrounding whitespace."""
+    if adapter is None:
+        return
+    if not isinstance(adapter, str):
+        raise InvalidRequestError(f"adapter must be a str or None, got {type(adapter).__name__}")
+    # The name travels as a server's model name, a TGI adapter_id and a cache key: a stray blank would make
+    # a name that looks like a known one and is not.
+    if not adapter or adapter != adapter.strip() or not adapter.isprintable():
+        raise InvalidRequestError(
+            "adapter must be a non-empty name without surrounding blanks or control characters, "
+            f"got {adapter!r}"
+        )

@@ -6,15 +6,20 @@ the refusals, which name the request type, importing back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NoReturn
 
 from ._capabilities import Capabilities
 from ._sampling_params import SamplingParams
-from ._types import GenerationRequest
+from ._types import GenerationRequest, Request
 from .errors import RequestRejectedError
 
-__all__ = ["refuse_unclaimed_chat", "refuse_unsupported"]
+__all__ = [
+    "refuse_unclaimed_adapter",
+    "refuse_unclaimed_chat",
+    "refuse_unknown_adapter",
+    "refuse_unsupported",
+]
 
 
 def refuse_unsupported(
@@ -75,6 +80,50 @@ def refuse_unclaimed_chat(
             refused,
             reasons,
             "send a text-only request, or use a backend that accepts them",
+            backend=backend,
+            request_id=request.request_id,
+        )
+
+
+def refuse_unclaimed_adapter(request: Request, capabilities: Capabilities, *, backend: str) -> None:
+    """Raise `RequestRejectedError` if ``request`` names an adapter and ``capabilities`` claim none.
+
+    `gather` checks this for every backend before the first attempt, so an adapter that does not know the
+    field never answers from its base model a request that named an adapter; adapters that serve adapters
+    check the name itself (`refuse_unknown_adapter`).
+
+    Args:
+        request: The request about to be sent.
+        capabilities: What the backend serves.
+        backend: The backend's name, for the error.
+    """
+    if request.adapter is not None and not capabilities.adapters:
+        _refuse(
+            f"{backend} serves no LoRA adapters, and the request names adapter {request.adapter!r}",
+            ["adapters"],
+            None,
+            "leave adapter None (the base model), or use a backend that serves adapters "
+            "(the vllm adapter's lora_modules, a server's LoRA modules, TGI's adapter_id)",
+            backend=backend,
+            request_id=request.request_id,
+        )
+
+
+def refuse_unknown_adapter(
+    request: Request, known: Collection[str], *, backend: str, how: str = "lora_modules"
+) -> None:
+    """Raise `RequestRejectedError` if ``request`` names an adapter outside ``known``, naming the known ones.
+
+    Args:
+        request: The request about to be sent.
+        known: The adapter names the backend serves.
+        backend: The backend's name, for the error.
+        how: Where the backend's adapters are named, for the hint (an option's name).
+    """
+    if request.adapter is not None and request.adapter not in known:
+        names = ", ".join(repr(name) for name in sorted(known)) or "none"
+        raise RequestRejectedError(
+            f"{backend} has no adapter {request.adapter!r}; it serves {names} (its {how})",
             backend=backend,
             request_id=request.request_id,
         )

@@ -23,6 +23,7 @@ from ._limits import RateBuckets
 from ._observability.observe import RequestObserver, RunObserver, current_request
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
+from ._refusals import refuse_unclaimed_adapter
 from ._run_cache import misses, settle
 from ._tasks import all_or_nothing
 from ._timeouts import set_idle_timeout
@@ -37,6 +38,7 @@ from .errors import (
     BackendTimeoutError,
     BudgetExceededError,
     InvalidRequestError,
+    RequestRejectedError,
 )
 
 __all__ = ["Outcome", "Run"]
@@ -319,6 +321,11 @@ class Run:
                 if method_name
                 else f"not a request: {kind.__name__}; wrap prompts in ab.GenerationRequest"
             )
+        if request.adapter is not None and not self.backend.capabilities.adapters:
+            try:
+                refuse_unclaimed_adapter(request, self.backend.capabilities, backend=self.name)
+            except RequestRejectedError as refused:
+                return refused
         attempt = 1
         while True:
             if self.rates is not None:

@@ -21,7 +21,7 @@ from ._chat import ChatMessage as ChatMessage
 from ._chat import Tool as Tool
 from ._chat import ToolCall as ToolCall
 from ._chat import uses_tools as _uses_tools
-from ._field_checks import check_request_id, is_int, set_field
+from ._field_checks import check_adapter, check_request_id, is_int, set_field
 from ._results import Completion as Completion
 from ._results import FinishReason as FinishReason
 from ._results import GenerationResult as GenerationResult
@@ -79,6 +79,9 @@ class GenerationRequest:
         tool_choice: ``"auto"`` (the model decides), ``"none"``, ``"required"`` (at least one call) or the
             name of one of ``tools`` (a call to it). A tool named ``auto``, ``none`` or ``required``
             cannot be chosen by that word (it is the mode): such a request is refused.
+        adapter: The name of the LoRA adapter to generate with (a name the backend serves: the ``vllm``
+            adapter's ``lora_modules``, a server's LoRA module, TGI's ``adapter_id``); ``None``: the base
+            model. A backend whose capabilities do not claim ``adapters`` refuses a request naming one.
     """
 
     prompt: Prompt
@@ -86,12 +89,14 @@ class GenerationRequest:
     request_id: str | None = None
     tools: tuple[Tool, ...] = ()
     tool_choice: str = "auto"
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         set_field(self, "prompt", _normalise_prompt(self.prompt))
         if not isinstance(self.params, SamplingParams):
             raise InvalidRequestError(f"params must be SamplingParams, got {type(self.params).__name__}")
         check_request_id(self.request_id)
+        check_adapter(self.adapter)
         set_field(self, "tools", _normalise_tools(self.tools))
         if self.tools and self.prompt_kind != "chat":
             raise InvalidRequestError("tools need a chat prompt (a list of messages)")
@@ -138,11 +143,13 @@ class LoglikelihoodRequest:
         context: The conditioning text (may be empty: the model's BOS/EOS token then stands in).
         continuation: The text to score; must not be empty.
         request_id: Your id for this request.
+        adapter: The LoRA adapter to score with (see `GenerationRequest`); ``None``: the base model.
     """
 
     context: str
     continuation: str
     request_id: str | None = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.context, str):
@@ -150,6 +157,7 @@ class LoglikelihoodRequest:
         if not isinstance(self.continuation, str) or not self.continuation:
             raise InvalidRequestError("continuation must be a non-empty str")
         check_request_id(self.request_id)
+        check_adapter(self.adapter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,15 +167,18 @@ class RollingLoglikelihoodRequest:
     Args:
         text: The text to score; must not be empty.
         request_id: Your id for this request.
+        adapter: The LoRA adapter to score with (see `GenerationRequest`); ``None``: the base model.
     """
 
     text: str
     request_id: str | None = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text:
             raise InvalidRequestError("text must be a non-empty str")
         check_request_id(self.request_id)
+        check_adapter(self.adapter)
 
 
 def _normalise_tools(tools: object) -> tuple[Tool, ...]:

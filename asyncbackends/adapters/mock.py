@@ -21,20 +21,26 @@ requests, cancellations), which makes it the backend of choice for tests, docs a
 Reasoning (option ``thinking``): before its answer the mock thinks its prompt backwards, as long as the
 prompt at the default effort (`_mock_thinking`); ``max_tokens`` counts the thought, and one cut off while
 thinking has no answer (``reasoning_truncated``, text ``""``, finish ``"length"``).
+
+LoRA adapters (option ``adapters``, the names it serves): a request naming one reads the adapter's name
+first, so its echo starts with ``[name] ``, and its scores shift by a salt taken from the name (every token's
+logprob differs from the base model's); an unknown name is refused naming the known ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from .._chat import image_digest
 from .._field_checks import is_int, is_number
 from .._protocol import BaseBackend
-from .._refusals import refuse_unclaimed_chat, refuse_unsupported
+from .._refusals import refuse_unclaimed_chat, refuse_unknown_adapter, refuse_unsupported
 from .._sampling_table import OPTIONAL_SPECS
 from .._types import (
     Capabilities,
@@ -92,9 +98,14 @@ def _content_text(content: str | list[dict[str, Any]]) -> str:
     )
 
 
-def _token_logprob(previous: str, token: str) -> float:
+def _token_logprob(previous: str, token: str, salt: int = 0) -> float:
     # A fixed, made-up distribution: deterministic and always negative.
-    return -((ord(previous) * 31 + ord(token)) % 13 + 1) / 10
+    return -((ord(previous) * 31 + ord(token) + salt) % 13 + 1) / 10
+
+
+def _salt(adapter: str | None) -> int:
+    # 1..12, never 0 modulo 13: an adapter's logprob differs from the base model's at every token.
+    return 0 if adapter is None else 1 + sum(map(ord, adapter)) % 12
 
 
 def _answer(chars: list[str], limit: int, min_tokens: int) -> tuple[str, FinishReason]:
@@ -137,6 +148,8 @@ class MockBackend(BaseBackend):
         tools: Claim `Capabilities.tools` (accept tools and return tool calls); false to test refusals.
         max_model_len: The context length in the mock's tokens (characters): a prompt plus ``max_tokens``
             (a context plus continuation) over it is a `ContextLengthError`; ``None``: no limit.
+        adapters: The LoRA adapter names it serves (a sequence, or one comma-separated str from the command
+            line); with any, `Capabilities.adapters` is claimed.
         thinking: Make the mock a reasoning model (`_mock_thinking`: it thinks its prompt backwards before it
             answers, ``reasoning_effort`` and ``thinking_budget`` honoured). ``"split"``: the thought in
             `Completion.reasoning` (a backend with a reasoning parser; stop strings end the answer only);
@@ -161,6 +174,7 @@ class MockBackend(BaseBackend):
         tools: bool = True,
         max_model_len: int | None = None,
         thinking: ThinkingMode = "off",
+        adapters: Sequence[str] | str = (),
     ) -> None:
         # Options may come from the command line as text: a wrong type is a clear error, not a TypeError.
         numbers: dict[str, float | None] = {
@@ -196,6 +210,9 @@ class MockBackend(BaseBackend):
         self.model = model
         self.max_model_len = max_model_len
         self._rng = random.Random(seed)
+        self.adapters: tuple[str, ...] = tuple(
+            a.strip() for a in (adapters.split(",") if isinstance(adapters, str) else adapters) if a.strip()
+        )
         self.capabilities = Capabilities(
             loglikelihood=True,
             rolling_loglikelihood=True,
@@ -215,6 +232,7 @@ class MockBackend(BaseBackend):
             reasoning=thinking == "split",
             reasoning_effort=thinking != "off",
             thinking_budget=thinking != "off",
+            adapters=bool(self.adapters),
         )
         self.attempts: Counter[str | None] = Counter()
         self.in_flight = 0
@@ -283,6 +301,9 @@ class MockBackend(BaseBackend):
     def prompt_text(request: GenerationRequest) -> str:
         """The text the mock echoes for a prompt: chat turns joined, token ids mapped to printable ASCII."""
         prompt = request.prompt
+        if request.adapter is not None:
+            base = dataclasses.replace(request, adapter=None)
+            return f"[{request.adapter}] " + MockBackend.prompt_text(base)
         if isinstance(prompt, str):
             return prompt
         if request.prompt_kind == "tokens":
@@ -297,6 +318,7 @@ class MockBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=_NO_LOGITS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         self._check_length(len(text) + params.max_tokens, request.request_id)
         constrained = self._constrained(request)
         call = self._tool_call(request, text)
@@ -403,15 +425,17 @@ class MockBackend(BaseBackend):
             )
         return text
 
-    def _score(self, context: str, continuation: str) -> tuple[float, ...]:
+    def _score(self, context: str, continuation: str, adapter: str | None = None) -> tuple[float, ...]:
         previous = (context or "\n")[-1] + continuation[:-1]
-        return tuple(_token_logprob(p, c) for p, c in zip(previous, continuation, strict=True))
+        salt = _salt(adapter)
+        return tuple(_token_logprob(p, c, salt) for p, c in zip(previous, continuation, strict=True))
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score with the mock's fixed distribution; greedy means the continuation echoes the context."""
+        refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         self._check_length(len(request.context) + len(request.continuation), request.request_id)
         await self._attempt(request.request_id or request.context + request.continuation, request.request_id)
-        parts = self._score(request.context, request.continuation)
+        parts = self._score(request.context, request.continuation, request.adapter)
         return LoglikelihoodResult(
             request.request_id,
             sum(parts),
@@ -422,6 +446,7 @@ class MockBackend(BaseBackend):
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score the whole text, each character given the ones before it."""
+        refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         await self._attempt(request.request_id or request.text, request.request_id)
-        parts = self._score("", request.text)
+        parts = self._score("", request.text, request.adapter)
         return LoglikelihoodResult(request.request_id, sum(parts), None, len(parts), parts)

@@ -115,6 +115,8 @@ def digest_as_files_hold_it(backend: ab.abc.AsyncBackend, request: Any) -> str:
         data.pop("tools")
     if data["tool_choice"] == "auto":
         data.pop("tool_choice")
+    if data["adapter"] is None:  # no adapter then: the base model's keys are those files' keys
+        data.pop("adapter")
     fingerprint = dict(backend.fingerprint)  # type: ignore[attr-defined]
     return hashlib.sha256(json.dumps([fingerprint, data], sort_keys=True, default=str).encode()).hexdigest()
 
@@ -129,6 +131,7 @@ def digest_as_files_hold_it(backend: ab.abc.AsyncBackend, request: Any) -> str:
     penalty=st.one_of(st.none(), st.floats(-2, 2, allow_nan=False)),
     schema=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)),
     tool_choice=st.sampled_from(["auto", "none"]),
+    adapter=st.one_of(st.none(), st.sampled_from(["math-v3", "a b", "é"])),
 )
 def test_text_and_token_keys_are_the_digests_files_hold(
     prompt: Any,
@@ -139,6 +142,7 @@ def test_text_and_token_keys_are_the_digests_files_hold(
     penalty: float | None,
     schema: dict[str, int] | None,
     tool_choice: str,
+    adapter: str | None,
 ) -> None:
     params = ab.SamplingParams(
         max_tokens=max_tokens,
@@ -148,7 +152,9 @@ def test_text_and_token_keys_are_the_digests_files_hold(
         presence_penalty=penalty,
         json_schema=schema,
     )
-    request = ab.GenerationRequest(prompt, params, request_id="ignored", tool_choice=tool_choice)
+    request = ab.GenerationRequest(
+        prompt, params, request_id="ignored", tool_choice=tool_choice, adapter=adapter
+    )
     backend = ab.create_backend("mock")
     keyer = Keyer(backend)
     expected = digest_as_files_hold_it(backend, request)
