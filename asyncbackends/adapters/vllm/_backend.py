@@ -170,7 +170,11 @@ class VLLMBackend(BaseBackend):
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
         self.capabilities = engine_capabilities(
-            images=multimodal, max_concurrency=hint, reasoning=bool(reasoning_parser), engine=engine
+            images=multimodal,
+            max_concurrency=hint,
+            reasoning=bool(reasoning_parser),
+            engine=engine,
+            adapters=lora_modules is not None,
         )
 
     @classmethod
@@ -630,7 +634,7 @@ class VLLMBackend(BaseBackend):
 
     def _lora(self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest) -> Any:
         """The request's adapter as a ``LoRARequest`` (``None``: the base); an unknown one refused."""
-        return self._adapters.lora_request(request.adapter, backend=self.name, request_id=request.request_id)
+        return self._adapters.lora_request(request, backend=self.name)
 
     # -- lifetime ------------------------------------------------------------------------------------
 

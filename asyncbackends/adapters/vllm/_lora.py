@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._refusals import refuse_unknown_adapter
+from ..._types import Request
 from ...errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -249,22 +251,16 @@ class AdapterPaths:
         """The adapters' names and digests (`LoraModules.fingerprint`); empty for the base only."""
         return self.modules.fingerprint if self.modules is not None else {}
 
-    def lora_request(
-        self, adapter: str | None, *, backend: str, request_id: str | None
-    ) -> LoRARequest | None:
-        """The ``LoRARequest`` of ``adapter`` (``None`` for the base).
+    def lora_request(self, request: Request, *, backend: str) -> LoRARequest | None:
+        """The ``LoRARequest`` of the adapter ``request`` names (``None`` for the base).
 
         Raises:
             RequestRejectedError: The backend has no adapter of that name (the message names those it has).
         """
-        if adapter is None:
+        if request.adapter is None:
             return None
-        found = self._requests.get(adapter)
-        if found is None:
-            from ..._refusals import refuse_unclaimed_adapter
-
-            refuse_unclaimed_adapter(adapter, sorted(self._requests), backend=backend, request_id=request_id)
-        return found
+        refuse_unknown_adapter(request, self._requests, backend=backend)
+        return self._requests[request.adapter]
 
     def scoring(self, lora: LoRARequest | None) -> EngineScoring:
         """The scorer of the adapter of ``lora`` (the base's for ``None``)."""
