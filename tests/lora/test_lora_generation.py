@@ -56,3 +56,12 @@ def test_a_chat_with_an_adapter_is_its_rendered_prompt_with_that_adapter(
     chat, by_ids, base = (r.completions[0].token_ids for r in ab.run_batch(lora_backend, requests))
     assert chat == by_ids
     assert chat != base
+
+
+def test_with_adapter_sends_every_request_with_its_adapter(
+    lora_backend: Any, offline_lora: dict[str, list[list[int]]], reference_prompts: list[list[int]]
+) -> None:
+    gamma = ab.with_adapter(lora_backend, "gamma")
+    params = ab.SamplingParams(max_tokens=REFERENCE_MAX_TOKENS)
+    results = ab.run_batch(gamma, [ab.GenerationRequest(ids, params) for ids in reference_prompts])
+    assert [list(r.completions[0].token_ids) for r in results] == offline_lora["gamma"]
