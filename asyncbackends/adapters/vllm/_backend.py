@@ -632,7 +632,9 @@ class VLLMBackend(BaseBackend):
         windows = await all_or_nothing([score(plan, request.request_id) for plan in plans])
         return scored_result(request.request_id, [item for window in windows for item in window])
 
-    def _lora(self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest) -> Any:
+    def _lora(
+        self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest
+    ) -> LoRARequest | None:
         """The request's adapter as a ``LoRARequest`` (``None``: the base); an unknown one refused."""
         return self._adapters.lora_request(request, backend=self.name)
 
