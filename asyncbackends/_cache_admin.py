@@ -89,7 +89,8 @@ class CacheAdmin:
         """
         if older_than_days is None and backend is None:
             raise InvalidRequestError("prune needs older_than_days or backend (clear() deletes everything)")
-        conditions, params = [], []
+        conditions: list[str] = []
+        params: list[float | str] = []
         if older_than_days is not None:
             if isinstance(older_than_days, bool) or not isinstance(older_than_days, (int, float)):
                 raise InvalidRequestError(f"older_than_days must be a number, got {older_than_days!r}")
