@@ -5,8 +5,8 @@ run per adapter, each starting its own engine. Here: one process, one ``vllm`` b
 (``lora_modules``), one ``AsyncBackendsLM`` per adapter through ``ab.with_adapter``, the adapters evaluated
 one after another on the same engine. Both sides run the same two local tasks (those of
 ``benchmarks/integrations/lm_eval_speed.py``: ``--mc`` multiple-choice documents, four choices each, and
-``--gen`` greedy generations) with ``log_samples=True``, on the tiny model and ``--adapters`` tiny random LoRAs
-(``build_tiny_lora``, rank 8).
+``--gen`` greedy generations) with ``log_samples=True``, on the tiny model and ``--adapters`` tiny random
+LoRAs (``build_tiny_lora``, rank 8).
 
 Each process is fresh and is timed whole from the parent (interpreter start, engine start, every evaluation),
 since engine starts are what a sweep of separate runs pays again per adapter. Rounds alternate which side
