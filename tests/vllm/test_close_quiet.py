@@ -25,11 +25,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRIPT = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, json, sys, warnings
     import asyncbackends as ab
     from tests.processes import engine_core_pids
 
     if __name__ == "__main__":  # the engine core is a spawned process
+        warnings.simplefilter("always", ResourceWarning)  # see NOISE
         model, options = sys.argv[1], json.loads(sys.argv[2])
         backend = ab.create_backend("vllm", model=model, **options)
         (result,) = ab.run_batch(backend, [ab.GenerationRequest("Hello", ab.SamplingParams(max_tokens=4))])
@@ -52,17 +53,23 @@ NOISE = (
     "resource_tracker",
     "Traceback",
     "ContextTerminated",
+    # Shown in the script's own process (Python hides them by default; not in vLLM's engine core process,
+    # whose leftovers are vLLM's): an unclosed ZeroMQ context of the adapter's ("Unclosed context"), a socket
+    # or a file. The suite ignores vLLM's own unclosed contexts (pyproject.toml), so this is where the
+    # adapter's closing of its own is held.
+    "ResourceWarning",
 )
 
 
 # What inspect and lm-eval do: the backend is left open and the process exits; the library closes it then.
 AT_EXIT = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, warnings
     import asyncbackends as ab
     from tests.processes import engine_core_pids
 
     if __name__ == "__main__":
+        warnings.simplefilter("always", ResourceWarning)  # see NOISE
         model, options = sys.argv[1], json.loads(sys.argv[2])
         backend = ab.create_backend("vllm", model=model, **options)
         (result,) = ab.run_batch(backend, [ab.GenerationRequest("Hello", ab.SamplingParams(max_tokens=4))])
