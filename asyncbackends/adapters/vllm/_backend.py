@@ -207,7 +207,8 @@ class VLLMBackend(BaseBackend):
             lora_modules: LoRA adapters by name (``{"name": "/adapter/dir"}``, as ``vllm serve
                 --lora-modules``) that requests name in ``adapter``; implies ``enable_lora``, and sets
                 ``max_lora_rank`` (the adapters' largest rank, rounded up to one vLLM accepts) and
-                ``max_loras`` (their number) unless given. See `_lora` and docs/adapters/vllm.md.
+                ``max_loras`` (their number, one more on a CPU) unless given. See `_lora` and
+                docs/adapters/vllm.md.
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
