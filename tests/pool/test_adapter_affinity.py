@@ -22,6 +22,7 @@ from asyncbackends.adapters.mock import MockBackend
 
 T = TypeVar("T")
 
+NOW = ab.RetryPolicy(initial_delay=0)  # a failed attempt retried at once
 HELD = 3600.0  # seconds an attempt of a held replica takes: never over within a test, cancelled at its end
 
 
@@ -132,7 +133,7 @@ def test_when_its_replica_fails_the_adapter_moves_to_another_and_stays_there() -
     (home,) = {served_by(replicas, f"a-{i}") for i in range(6)}
     other = 1 - home
     replicas[home].failure_rate = 1.0  # every attempt there fails from now on (BackendUnavailableError)
-    later = ab.run_batch(backend, [gen("a", i) for i in range(6, 12)], concurrency=1)
+    later = ab.run_batch(backend, [gen("a", i) for i in range(6, 12)], concurrency=1, retry=NOW)
     assert all(isinstance(r, ab.GenerationResult) for r in later)
     assert replicas[home].attempts["a-6"] == 1 and replicas[other].attempts["a-6"] == 1  # the retry
     assert all(served_by(replicas, f"a-{i}") == other for i in range(7, 12))
@@ -174,6 +175,18 @@ def test_replicas_serving_different_adapters_get_only_their_own() -> None:
         await cancel(tasks)
 
     on_shared_loop(scenario)
+    backend.close()
+
+
+def test_an_adapters_retry_waits_for_a_replica_that_serves_it_rather_than_go_to_one_that_does_not() -> None:
+    # Every request's first attempt fails on the replica serving a: it cools down, and the retry waits
+    # for its probe to take it back instead of going to the healthy replica, which would refuse it.
+    only_a, only_b = MockBackend(adapters=("a",), fail_attempts=1), MockBackend(adapters=("b",))
+    backend = ab.pool([only_a, only_b], seed=0, cooldown=0.3)
+    (result,) = ab.run_batch(backend, [gen("a", 0)], retry=NOW)  # retried while its replica cools down
+    assert result.text == "[a] prompt 0"  # type: ignore[union-attr]
+    assert only_a.attempts["a-0"] == 2 and sum(only_b.attempts.values()) == 0
+    assert backend.replica_stats()[0].cooldowns == 1
     backend.close()
 
 
