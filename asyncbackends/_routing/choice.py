@@ -129,14 +129,24 @@ def adapter_home(adapter: str, candidates: list[Replica], slack: float, rng: ran
 
     Among the candidates sent that adapter lately (`Replica.adapters_held`: it is in their adapter slots),
     the least loaded, while it holds at most ``slack`` times its share of the requests in flight
-    (`within_share`). Not below capacity as well, as prefix affinity's `has_room` allows: adapters are few,
+    (`within_share`), and not also while below its capacity, as `has_room` lets a prefix: adapters are few,
     so one run of one adapter would fill a single replica up to its capacity while the others idle.
     """
-    homes = [r for r in candidates if adapter in r.adapters_held]
-    if not homes:
+    # One pass (the router's hot path): the totals of `within_share` and the least-loaded home together.
+    total, weights, home, ties = 1, 0.0, None, 0
+    for r in candidates:
+        total += r.in_flight
+        weights += r.weight
+        if adapter in r.adapters_held:
+            if home is None or r.load < home.load:
+                home, ties = r, 1
+            elif r.load == home.load:
+                ties += 1
+                if rng.random() * ties < 1:  # each of the equals kept with chance 1/ties: at random
+                    home = r
+    if home is None:
         return None
-    home = homes[0] if len(homes) == 1 else least_loaded(homes, rng)
-    return home if within_share(home, candidates, slack) else None
+    return home if home.in_flight + 1 <= math.ceil(slack * total * home.weight / weights) else None
 
 
 def affine(key: bytes, candidates: list[Replica], slack: float, rng: random.Random) -> Replica:
