@@ -30,12 +30,12 @@ from ..errors import (
 )
 
 __all__ = [
+    "ADAPTER_SLOTS",
     "COOLING",
     "DRAINING",
     "HEALTHY",
     "REFUSED",
     "REMOVED",
-    "ADAPTER_SLOTS",
     "Replica",
     "ReplicaStats",
     "for_retry",
