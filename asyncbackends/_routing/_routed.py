@@ -7,7 +7,9 @@ their replicas are built, read and lost; everything else is here, once:
 - **Capabilities**: a routed backend honours only what every replica does, so a request the intersection
   lacks (an optional sampling field, a token-id or chat prompt, loglikelihood, rolling loglikelihood) is
   refused with `RequestRejectedError` before anything is sent, as a single backend refuses it; which replica
-  is picked never decides whether a request works. A loglikelihood result's ``is_greedy`` is ``None`` unless
+  is picked never decides whether a request works. So is a request naming a LoRA adapter unless every
+  replica claims ``adapters`` (`Router` then sends it only to replicas that serve that name, where they
+  list their names). A loglikelihood result's ``is_greedy`` is ``None`` unless
   every replica can tell it.
 - **One loop**: the router's state (in-flight counts, probe tasks, the wake-up future) lives on the shared
   loop, whichever loop a caller awaits from (``asyncio.run``, a notebook, the shared loop itself).
@@ -33,7 +35,7 @@ from typing import Any
 from .._adaptive import AdaptiveConcurrency, ChangeReason
 from .._loop import get_loop_manager
 from .._protocol import BaseBackend
-from .._refusals import refuse_unclaimed_chat, refuse_unsupported
+from .._refusals import refuse_unclaimed_adapter, refuse_unclaimed_chat, refuse_unsupported
 from .._side_doors import shared
 from .._types import (
     Capabilities,
@@ -147,6 +149,8 @@ class RoutedBackend(BaseBackend):
 
     async def _route(self, method: str, request: Request, capable: bool) -> Any:
         self._check_open(request.request_id)
+        # `gather` checks this too; a direct call must not reach a replica that would answer from its base.
+        refuse_unclaimed_adapter(request, self.capabilities, backend=self.name)
         if not capable:
             raise RequestRejectedError(
                 f"not every replica of this {self.name} supports {method}",

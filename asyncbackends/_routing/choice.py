@@ -1,4 +1,4 @@
-"""Choosing a replica: least-loaded routing and prefix-affinity routing (the policy is in `router`).
+"""Choosing a replica: least-loaded routing, prefix affinity, adapter affinity (the policy is in `router`).
 
 Pure choices over the healthy candidates the router passes in; nothing here changes a replica's state.
 """
@@ -18,12 +18,14 @@ __all__ = [
     "POWER_OF_TWO_ABOVE",
     "ROUTINGS",
     "Routing",
+    "adapter_home",
     "affine",
     "affinity_key",
     "has_room",
     "least_loaded",
     "prefix_digest",
     "sibling_key",
+    "within_share",
 ]
 
 Routing = Literal["least_loaded", "affinity"]
@@ -75,10 +77,14 @@ def sibling_key(request: Request) -> bytes | None:
 
     The choices of a question arrive together and share their context; on one replica they read its prefix
     cache, and an adapter that groups them (vLLM's one request per question) scores them at once. ``None`` for
-    any other request, and for an empty context (nothing shared).
+    any other request, and for an empty context (nothing shared). The adapter is part of it: a context scored
+    under two adapters shares no cache (vLLM's prefix cache is per adapter) and no engine request.
     """
     if isinstance(request, LoglikelihoodRequest) and request.context:
-        return hashlib.blake2b(request.context.encode(), digest_size=16).digest()
+        digest = hashlib.blake2b(request.context.encode(), digest_size=16)
+        if request.adapter is not None:
+            digest.update(b"\x00" + request.adapter.encode())  # a name holds no NUL: no two pairs collide
+        return digest.digest()
     return None
 
 
@@ -104,9 +110,43 @@ def has_room(replica: Replica, candidates: list[Replica], slack: float) -> bool:
     """
     if replica.capacity is not None and replica.in_flight < replica.capacity:
         return True
+    return within_share(replica, candidates, slack)
+
+
+def within_share(replica: Replica, candidates: list[Replica], slack: float) -> bool:
+    """Whether ``replica``, given one more request, holds at most ``slack`` times its share of the load.
+
+    Its share of the requests in flight, by weight (capacity) among ``candidates``: the bound of consistent
+    hashing with bounded loads.
+    """
     total = sum(r.in_flight for r in candidates) + 1
     weights = sum(r.weight for r in candidates)
     return replica.in_flight + 1 <= math.ceil(slack * total * replica.weight / weights)
+
+
+def adapter_home(adapter: str, candidates: list[Replica], slack: float, rng: random.Random) -> Replica | None:
+    """The candidate that holds ``adapter`` already and may take one more of its requests; ``None`` if none.
+
+    Among the candidates sent that adapter lately (`Replica.adapters_held`: it is in their adapter slots),
+    the least loaded, while it holds at most ``slack`` times its share of the requests in flight
+    (`within_share`), and not also while below its capacity, as `has_room` lets a prefix: adapters are few,
+    so one run of one adapter would fill a single replica up to its capacity while the others idle.
+    """
+    # One pass (the router's hot path): the totals of `within_share` and the least-loaded home together.
+    total, weights, home, ties = 1, 0.0, None, 0
+    for r in candidates:
+        total += r.in_flight
+        weights += r.weight
+        if adapter in r.adapters_held:
+            if home is None or r.load < home.load:
+                home, ties = r, 1
+            elif r.load == home.load:
+                ties += 1
+                if rng.random() * ties < 1:  # each of the equals kept with chance 1/ties: at random
+                    home = r
+    if home is None:
+        return None
+    return home if home.in_flight + 1 <= math.ceil(slack * total * home.weight / weights) else None
 
 
 def affine(key: bytes, candidates: list[Replica], slack: float, rng: random.Random) -> Replica:

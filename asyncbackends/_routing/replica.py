@@ -6,13 +6,15 @@ ended) or ``refused`` (out of service for good). ``removed`` is reported once a 
 `is_replica_fault` decides whether an error cools the replica down; `sent_nothing` whether a failed attempt
 may go to another replica at once; `for_retry` the error a fault is raised as. A router's replica set
 (`asyncbackends._routing.replica_set`) drives the state changes, its router (`asyncbackends._routing.router`)
-the in-flight counts.
+the in-flight counts. A replica also knows the LoRA adapters it may serve (``adapters``, read from its
+backend) and the ones it was sent lately (``adapters_held``), which the router's adapter affinity reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from ..errors import (
 )
 
 __all__ = [
+    "ADAPTER_SLOTS",
     "COOLING",
     "DRAINING",
     "HEALTHY",
@@ -42,6 +45,9 @@ __all__ = [
 
 HEALTHY, COOLING, DRAINING, REFUSED = "healthy", "cooling", "draining", "refused"
 REMOVED = "removed"  # reported (telemetry, logs) once a drained replica is gone; never a live state
+
+ADAPTER_SLOTS = 8
+"""LoRA adapters a replica is taken to hold at once when it does not say (no ``max_loras`` attribute)."""
 
 # The errors that blame the replica whatever their retryable flag says.
 _FAULTS = (
@@ -151,6 +157,9 @@ class Replica:
         "_probe",
         "_streak",
         "_taken_in",
+        "adapter_slots",
+        "adapters",
+        "adapters_held",
         "backend",
         "capacity",
         "cooldowns",
@@ -182,6 +191,10 @@ class Replica:
         self._taken_in = True  # taken into routing since it joined (`add` clears it until a probe passes)
         self._probe: asyncio.Task[None] | None = None
         self.limiter: AdaptiveLimiter | None = None  # its own adaptive limit, where the router keeps them
+        self.adapters, self.adapter_slots = _adapters_of(backend)
+        # The LoRA adapters it was sent lately, oldest first (a dict as an ordered set): the ones it most
+        # likely holds in its adapter slots, as vLLM evicts the least recently used (`hold_adapter`).
+        self.adapters_held: dict[str, None] = {}
 
     @property
     def load(self) -> float:
@@ -189,6 +202,19 @@ class Replica:
         if self.limiter is not None:
             return self.in_flight / self.limiter.limit
         return self.in_flight / self.weight
+
+    def serves(self, adapter: str) -> bool:
+        """Whether it may be sent a request naming ``adapter`` (its names say so, or it names none)."""
+        return self.adapters is None or adapter in self.adapters
+
+    def hold_adapter(self, adapter: str) -> None:
+        """Note that an attempt naming ``adapter`` was sent to it: it loads it, evicting the least recent."""
+        held = self.adapters_held
+        if adapter in held:
+            del held[adapter]  # moved to the most recent end
+        elif len(held) >= self.adapter_slots:
+            del held[next(iter(held))]  # a newcomer takes the slot of the one sent least recently
+        held[adapter] = None
 
     def stats(self) -> ReplicaStats:
         """A snapshot of its figures."""
@@ -207,3 +233,27 @@ class Replica:
 
     def __repr__(self) -> str:
         return f"Replica({self.label!r}, state={self.state!r}, in_flight={self.in_flight})"
+
+
+def _adapters_of(backend: Any) -> tuple[frozenset[str] | None, int]:
+    """The LoRA adapters ``backend`` serves (``None``: any name, where it does not list them), and its slots.
+
+    Its capabilities not claiming ``adapters``: none. Names from an ``adapters`` attribute holding names (the
+    mock's option), where it has one. Slots from a ``max_loras`` attribute (vLLM's option: adapters held in
+    the engine at once), else the names' number (vLLM's default holds them all), else `ADAPTER_SLOTS`.
+    """
+    capabilities = getattr(backend, "capabilities", None)
+    if not getattr(capabilities, "adapters", False):
+        return frozenset(), ADAPTER_SLOTS
+    names = getattr(backend, "adapters", None)
+    listed = (
+        frozenset(names)
+        if isinstance(names, Collection)
+        and not isinstance(names, (str, bytes))
+        and all(isinstance(n, str) for n in names)
+        else None
+    )
+    slots = getattr(backend, "max_loras", None)
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+        slots = len(listed) if listed else ADAPTER_SLOTS
+    return listed, slots

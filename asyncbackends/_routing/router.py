@@ -35,6 +35,13 @@ What the router does with one attempt (`Router.call`):
   as affinity is (below), so the choices of one question meet one prefix cache, and an adapter that scores a
   question in one engine request (vLLM) sees them all. Questions still spread by load: only a context in
   flight binds.
+- **Adapter affinity** (either routing): a request naming a LoRA adapter goes to the least loaded replica
+  that was sent that adapter lately (so holds it in its adapter slots: a vLLM engine holds ``max_loras`` and
+  swaps the others in), while that replica holds at most ``affinity_slack`` times its share of the requests
+  in flight; otherwise to the least loaded, which then holds it too. A replica is taken to hold the
+  adapters of its last ``max_loras`` (its backend's attribute, else `ADAPTER_SLOTS`) adapter attempts. Only
+  replicas that may serve the adapter are candidates: where a replica's backend lists its names
+  (``adapters``), those that list it. Requests without an adapter route as before.
 - **Affinity** (``routing="affinity"``): requests whose first ``affinity_chars`` characters match go to one
   replica (rendezvous hashing of that prefix), so its prefix cache serves them, while it has room: below
   its capacity, or (full, or of unknown capacity) below ``affinity_slack`` times its share of the requests
@@ -80,7 +87,8 @@ from ..errors import (
 from .choice import POWER_OF_TWO_ABOVE as POWER_OF_TWO_ABOVE
 from .choice import ROUTINGS as ROUTINGS
 from .choice import Routing as Routing
-from .choice import affine, affinity_key, has_room, least_loaded, sibling_key
+from .choice import adapter_home, affine, affinity_key, has_room, least_loaded, sibling_key
+from .replica import ADAPTER_SLOTS as ADAPTER_SLOTS
 from .replica import DRAINING, HEALTHY, REFUSED, for_retry
 from .replica import Replica as Replica
 from .replica import ReplicaStats as ReplicaStats
@@ -113,7 +121,9 @@ class Router:
             other exception counts as a failed probe.
         affinity_chars: Characters of the prompt that decide its replica under affinity routing.
         affinity_slack: Under affinity routing, a replica at or beyond its capacity (or of unknown capacity)
-            takes a request while it holds fewer than this times its share of the requests in flight.
+            takes a request while it holds fewer than this times its share of the requests in flight; under
+            either routing, a replica holding a request's adapter takes it while it holds at most this times
+            its share.
         seed: Seed of the tie-breaking and sampling generator.
         replica_concurrency: ``"adaptive"`` (or an `AdaptiveConcurrency`) for one adaptive limit per
             replica, moved only by that replica's answers; ``None`` (default) for none.
@@ -193,6 +203,9 @@ class Router:
         limits = self.replicas.limits
         if limits is not None:
             candidates = [r for r in candidates if limits.has_room(r)]
+        adapter = request.adapter
+        if adapter is not None and candidates:
+            candidates = self._serving(adapter, candidates)
         if not candidates:
             return None
         if len(candidates) == 1:
@@ -201,11 +214,30 @@ class Router:
             replica = self._siblings[key][0]
             if replica in candidates and has_room(replica, candidates, self.affinity_slack):
                 return replica
+        if adapter is not None:
+            # Where the adapter is loaded already, bounded by load; else (new, or its replicas too full,
+            # cooling or gone) the least loaded, which loads it and becomes one of its replicas.
+            home = adapter_home(adapter, candidates, self.affinity_slack, self._rng)
+            return home if home is not None else least_loaded(candidates, self._rng)
         if self.routing == "affinity":
             prefix = affinity_key(request, self.affinity_chars)
             if prefix is not None:
                 return affine(prefix, candidates, self.affinity_slack, self._rng)
         return least_loaded(candidates, self._rng)
+
+    def _serving(self, adapter: str, candidates: list[Replica]) -> list[Replica]:
+        """The candidates that may serve ``adapter``: those whose names hold it, or that name none.
+
+        Empty when none of them does but another replica does (the attempt waits for it, as for a healthy
+        replica); all of them when no replica names it, so one refuses it with its own error (naming its
+        adapters) instead of the attempt waiting for a replica that never comes.
+        """
+        serving = [r for r in candidates if r.serves(adapter)]
+        if serving:
+            return serving
+        # A replica refused for good or leaving never takes the attempt: waiting for it would only time out.
+        live = (r for r in self.replicas if r.state not in (REFUSED, DRAINING))
+        return [] if any(r.serves(adapter) for r in live) else candidates
 
     # -- one attempt ---------------------------------------------------------------------------------
 
@@ -236,6 +268,8 @@ class Router:
             replica.requests += 1
             epoch = replica._epoch
             self._sibling_sent(key, replica)
+            if request.adapter is not None:
+                replica.hold_adapter(request.adapter)  # loaded there now: its next requests prefer it
             try:
                 result: Result = await getattr(replica.backend, method)(request)
             except asyncio.CancelledError as exc:

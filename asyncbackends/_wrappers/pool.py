@@ -17,6 +17,10 @@ and checked by its probe before it is taken back (serving another model, it is r
 replicas of that model. Its ``capabilities`` are the replicas' common ones; ``max_concurrency`` is the sum of
 their capacities when every one is known.
 
+**Adapters.** Requests naming a LoRA adapter go, under either routing, to a replica that holds it already
+while its load allows (adapter affinity: `asyncbackends._routing.router`); the pool serves adapters only if
+every replica claims ``capabilities.adapters`` (docs/pool.md, *Adapters*).
+
 **Per-replica limits.** ``replica_concurrency="adaptive"`` (or an `AdaptiveConcurrency`) gives each replica
 its own adaptive concurrency limit, moved only by that replica's answers, so a pool of unequal servers
 settles each at its own capacity; a run with ``concurrency="adaptive"`` on a pool turns them on too (see
