@@ -27,6 +27,10 @@ Scoring requests are short and bounded by the idle limit as a whole. A
 length refusal (OpenAI's ``context_length_exceeded``, vLLM serve's "maximum context length") is a
 `ContextLengthError`.
 
+LoRA adapters (`_lora`): a request's ``adapter`` is the body's ``model`` on every route, as ``vllm serve
+--lora-modules`` serves them; ``lora_modules`` makes the backend load each on its first use and refuse
+unknown names before sending.
+
 Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
 exact tokenizer a context/continuation split on text would score the wrong tokens. Errors are mapped by
 `_http.error_for_status` (400/404/422 -> `RequestRejectedError`, 401/403 -> `AuthenticationError`, 429 ->

@@ -21,6 +21,10 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
+LoRA adapters: with ``adapters`` (the launcher's ``--lora-adapters`` ids) a request's ``adapter`` is sent as
+``parameters.adapter_id`` (the chat route's ``model``), and a name outside them is refused before sending:
+TGI answers an unknown ``adapter_id`` from the base model.
+
 ``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
 sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). How a generation
