@@ -134,13 +134,14 @@ async def test_a_load_the_server_refuses_names_the_adapter_and_its_path(tmp_path
         # The adapter's files vanish after the backend read them: the server finds no adapter there.
         (bad / "adapter_config.json").unlink()
         try:
-            (error,) = await ab.gather(
-                backend, [ab.GenerationRequest("x", adapter="bad")], return_exceptions=True
-            )
+            requests = [ab.GenerationRequest(f"x{i}", adapter="bad") for i in range(5)]
+            errors = await ab.gather(backend, requests, return_exceptions=True, concurrency=5)
         finally:
             await backend.aclose()
-    assert isinstance(error, ab.RequestRejectedError)
-    assert "could not load adapter 'bad'" in str(error) and "No adapter found" in str(error)
+    for error in errors:
+        assert isinstance(error, ab.RequestRejectedError)
+        assert "could not load adapter 'bad'" in str(error) and "No adapter found" in str(error)
+    assert server.adapters.load_requests == {"bad": 1}  # refused once, not asked again by each request
 
 
 async def test_the_fingerprint_holds_each_adapters_digest_and_none_without_them(

@@ -70,6 +70,7 @@ class ServerAdapters:
         self._http, self._api, self._backend, self._where = http, api, backend, where
         self._loaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._refused: dict[str, BackendError] = {}  # names whose load failed for good (not retryable)
         self.loads = 0  # POST /v1/load_lora_adapter sent (tests, logs)
 
     @classmethod
@@ -109,11 +110,20 @@ class ServerAdapters:
         if self.modules is None or name is None or name in self._loaded:
             return
         lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:  # one load per name: the others wait for it, then find it loaded
+        async with lock:  # one load per name: the others wait for it, then find it loaded (or refused)
             if name in self._loaded:
                 return
-            if name not in await listed():
-                await self._load(name, self.modules.by_name[name].path, rid)
+            refused = self._refused.get(name)
+            if refused is not None:
+                # A load the server refused is not asked again by every request that waited for it.
+                raise RequestRejectedError(refused.message, backend=self._backend, request_id=rid)
+            try:
+                if name not in await listed():
+                    await self._load(name, self.modules.by_name[name].path, rid)
+            except BackendError as exc:
+                if not exc.retryable:
+                    self._refused[name] = exc
+                raise
             self._loaded.add(name)
 
     async def _load(self, name: str, path: str, rid: str | None) -> None:
