@@ -207,7 +207,8 @@ class VLLMBackend(BaseBackend):
             lora_modules: LoRA adapters by name (``{"name": "/adapter/dir"}``, as ``vllm serve
                 --lora-modules``) that requests name in ``adapter``; implies ``enable_lora``, and sets
                 ``max_lora_rank`` (the adapters' largest rank, rounded up to one vLLM accepts) and
-                ``max_loras`` (their number) unless given. See `_lora` and docs/adapters/vllm.md.
+                ``max_loras`` (their number, one more on a CPU) unless given. See `_lora` and
+                docs/adapters/vllm.md.
             **engine_args: ``AsyncEngineArgs`` fields, passed through unchanged (``tensor_parallel_size``,
                 ``data_parallel_size``, ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``max_num_seqs``...). Unset scheduler limits take the offline ``LLM`` class's defaults and
@@ -632,7 +633,9 @@ class VLLMBackend(BaseBackend):
         windows = await all_or_nothing([score(plan, request.request_id) for plan in plans])
         return scored_result(request.request_id, [item for window in windows for item in window])
 
-    def _lora(self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest) -> Any:
+    def _lora(
+        self, request: GenerationRequest | LoglikelihoodRequest | RollingLoglikelihoodRequest
+    ) -> LoRARequest | None:
         """The request's adapter as a ``LoRARequest`` (``None``: the base); an unknown one refused."""
         return self._adapters.lora_request(request, backend=self.name)
 
