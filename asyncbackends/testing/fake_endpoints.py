@@ -62,6 +62,8 @@ class FakeEndpoint:
         timeline: Pending transitions: (monotonic time, state).
         actions: The lifecycle calls received (``"create"``, ``"pause"``, ``"resume"``...).
         proxied: The paths the proxy received, in order.
+        env: ``model.env``, the container's environment (``{"LORA_ADAPTERS": "a,b"}`` for TGI's LoRA
+            adapters, as the Endpoints UI sets them).
     """
 
     name: str
@@ -76,6 +78,7 @@ class FakeEndpoint:
     actions: list[str] = field(default_factory=list)
     proxied: list[str] = field(default_factory=list)
     created_at: str = field(default_factory=_now_iso)
+    env: dict[str, str] = field(default_factory=dict)
 
     def advance(self) -> str:
         """Apply the transitions that are due and return the current state."""
@@ -195,6 +198,7 @@ class FakeEndpointsAPI:
                 "task": "text-generation",
                 "framework": "pytorch",
                 "image": ep.image,
+                "env": ep.env,
             },
             "provider": {"region": "us-east-1", "vendor": "aws"},
             "healthRoute": ep.health_route,

@@ -54,7 +54,9 @@ class FakeOpenAIBatchServer:
     """An OpenAI look-alike with the Batch API, listening on ``host`` at ``port`` (0 picks a free one).
 
     Args:
-        model: The one model served.
+        model: The base model served.
+        adapters: LoRA adapters served beside it, by name: a request (or batch line) whose ``model`` names
+            one is answered as that adapter (each text starts with ``[name]``); ``/v1/models`` lists them.
         hold: Keep batches ``in_progress`` until `release` is called.
         fail_batches: Creation numbers of the batches that fail validation.
         expire_batches: Creation numbers of the batches that expire after answering half their lines.
@@ -68,6 +70,7 @@ class FakeOpenAIBatchServer:
         self,
         *,
         model: str = "fake-batch-model",
+        adapters: Collection[str] = (),
         hold: bool = False,
         fail_batches: Collection[int] = (),
         expire_batches: Collection[int] = (),
@@ -77,6 +80,7 @@ class FakeOpenAIBatchServer:
         port: int = 0,
     ) -> None:
         self.model, self.hold = model, hold
+        self.adapters = tuple(adapters)
         self.fail_batches, self.expire_batches = set(fail_batches), set(expire_batches)
         self.max_requests, self.max_bytes = max_requests, max_bytes
         self.host, self.port = host, port
@@ -166,8 +170,11 @@ class FakeOpenAIBatchServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         self.paths[request.path] += 1
-        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "asyncbackends-testing"}
-        return web.json_response({"object": "list", "data": [model]})
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "asyncbackends-testing"}
+            for name in (self.model, *self.adapters)
+        ]
+        return web.json_response({"object": "list", "data": data})
 
     async def _plain(self, request: web.Request) -> web.Response:
         self.paths[request.path] += 1
@@ -175,7 +182,7 @@ class FakeOpenAIBatchServer:
             body = await request.json()
         except ValueError:
             return self._error(400, "the body is not JSON")
-        status, answered = answer(request.path, body, self.model)
+        status, answered = answer(request.path, body, self.model, self.adapters)
         key = line_key(request.path, body)
         self.answered[key] += 1
         self.plain_answered[key] += 1
@@ -343,7 +350,7 @@ class FakeOpenAIBatchServer:
                     self._output(batch_id, position, line, None, {"code": reason, "message": message})
                 )
                 continue
-            status, body = answer(line["url"], line["body"], self.model)
+            status, body = answer(line["url"], line["body"], self.model, self.adapters)
             key = line_key(line["url"], line["body"])
             self.answered[key] += 1
             self.batch_answered[key] += 1

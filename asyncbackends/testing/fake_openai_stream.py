@@ -28,10 +28,12 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from ._fake_openai.lora import ServedAdapters
 from ._fake_tgi.model import FakeModel, Generation
 from ._serve import serve
 
@@ -53,6 +55,14 @@ class FakeOpenAIServer:
         whole_after_checks: Health checks answered after an answer sent whole came, before it is sent.
         sick_attempts: Each prompt's first ``sick_attempts`` attempts sent whole hang, and so does
             ``/health`` while one of them is in flight.
+        lora_modules: LoRA adapters served from the start, by name: their paths (``vllm serve
+            --lora-modules name=path``). Each is a model name of its own (listed by ``/v1/models``); a
+            request naming one is answered by the model with that adapter (its echo starts with ``[name] ``,
+            its logprobs lowered by a salt); a model name neither the base nor an adapter is vLLM's 404
+            (`_fake_openai.lora`). `received` keeps every generation request's (path, body).
+        runtime_lora_updating: Serve ``POST /v1/load_lora_adapter`` as vLLM does with
+            ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (a loaded adapter joins ``lora_modules``).
+        lora_load_delay: Seconds a load takes, so that loads sent together overlap.
         host: Address to listen on.
         port: Port to listen on.
     """
@@ -70,6 +80,9 @@ class FakeOpenAIServer:
         owned_by: str = "fake",
         whole_after_checks: int = 0,
         sick_attempts: int = 0,
+        lora_modules: Mapping[str, str] | None = None,
+        runtime_lora_updating: bool = False,
+        lora_load_delay: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -83,6 +96,10 @@ class FakeOpenAIServer:
         self._sick = 0  # sick attempts in flight: /health does not answer while there is one
         self._checked = asyncio.Condition()  # notified at each health check answered
         self.model = FakeModel()
+        self.adapters = ServedAdapters(
+            model, lora_modules or {}, runtime_loading=runtime_lora_updating, load_delay=lora_load_delay
+        )
+        self.received: list[tuple[str, Any]] = []  # (path, body) of every generation request
         self.attempts: Counter[str] = Counter()
         self.answers: Counter[str] = Counter()  # "streamed" / "whole" / the error statuses
         self._runner: web.AppRunner | None = None
@@ -100,6 +117,7 @@ class FakeOpenAIServer:
         app.router.add_get("/health", self._health)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        self.adapters.route(app)
         self._runner, self.port = await serve(app, self.host, self.port)
         return self
 
@@ -125,7 +143,8 @@ class FakeOpenAIServer:
             "owned_by": self.owned_by,
             "max_model_len": self.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [entry]})
+        data = [entry, *self.adapters.entries(self.owned_by)]
+        return web.json_response({"object": "list", "data": data})
 
     async def _health(self, request: web.Request) -> web.Response:
         async with self._checked:
@@ -158,6 +177,12 @@ class FakeOpenAIServer:
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await request.json()
+        self.received.append((request.path, body))
+        refused = self.adapters.refusal(body.get("model"))
+        if refused is not None:
+            self.answers[str(refused.status)] += 1
+            return refused
+        adapter = self.adapters.adapter(body.get("model"))
         text = str(body["messages"][-1]["content"]) if chat else str(body["prompt"])
         self.attempts[text] += 1
         max_tokens = int(body.get("max_tokens") or 16)
@@ -182,10 +207,11 @@ class FakeOpenAIServer:
                 do_sample=temperature > 0,
                 seed=None if seed is None else seed + i,
                 stop=[stop] if isinstance(stop, str) else list(stop),
+                adapter=adapter,
             )
             for i in range(int(body.get("n") or 1))
         ]
-        base = {"id": "cmpl-fake", "created": int(time.time()), "model": self.model_name}
+        base = {"id": "cmpl-fake", "created": int(time.time()), "model": adapter or self.model_name}
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": sum(len(_visible(g)) for g in gens),

@@ -23,18 +23,20 @@ In its own process (benchmarks): ``python -m asyncbackends.testing.fake_tgi --la
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from .._install import pip_install
 from ..adapters._minimal_match import NoMatchError
+from ..adapters.tgi._wire import parse_lora_adapters
 
 # Every request and response is checked against TGI's OpenAPI schema, which needs jsonschema: without it,
 # fail here with the install command, not with an HTTP 500 on the first request.
@@ -110,6 +112,11 @@ class FakeTGIServer:
         seed: Seed of the failure-injection and jitter generator.
         concurrency: Most generations served at once; the others queue for a slot, each taking
             ``latency`` once served (a server-bound engine). ``None``: no limit.
+        lora_adapters: The LoRA adapter ids served, as TGI's launcher's ``--lora-adapters`` (its string,
+            ``"math,code=/path"``, or a sequence of ids). A request naming one (``parameters.adapter_id``,
+            or a chat's ``model`` other than ``"tgi"``) is answered by the model with that adapter (its echo
+            starts with ``[id] ``, its logprobs lowered by a salt); any other id is answered by the base
+            model without an error, as TGI does (its server's adapter index defaults to 0, the base).
         host: Address to listen on.
         port: Port to listen on; 0 picks a free one (read `url` after start).
     """
@@ -140,6 +147,7 @@ class FakeTGIServer:
         token_interval: float = 0.0,
         time_scale: float = 1.0,
         stall_after: int = 0,
+        lora_adapters: str | Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -157,6 +165,12 @@ class FakeTGIServer:
         self.concurrency = concurrency
         self.token_interval, self.time_scale, self.stall_after = token_interval, time_scale, stall_after
         self._slots: asyncio.Semaphore | None = None
+        self.lora_adapters: tuple[str, ...] = (
+            (parse_lora_adapters(lora_adapters) if lora_adapters else ())
+            if isinstance(lora_adapters, str)
+            else tuple(lora_adapters)
+        )
+        self.adapter_answers: Counter[str | None] = Counter()  # generations answered, by adapter served
         self.healthy = True
         self.frozen = 0
         """Attempts frozen now (``failure="freeze"``): ``/health`` does not answer while there is one."""
@@ -319,6 +333,12 @@ class FakeTGIServer:
         count = self.model.num_tokens
         return _validate(body["inputs"], params, self.limits, count, stream=stream, read_inputs=read_images)
 
+    def _served(self, req: ValidRequest) -> ValidRequest:
+        """``req`` with the adapter the model runs: the one asked for if served, else the base (``None``)."""
+        adapter = req.adapter_id if req.adapter_id in self.lora_adapters else None
+        self.adapter_answers[adapter] += 1
+        return dataclasses.replace(req, adapter_id=adapter)
+
     def _run_model(self, req: ValidRequest, seed: int | None = None) -> Generation:
         try:
             return self._generate_text(req, seed)
@@ -334,13 +354,14 @@ class FakeTGIServer:
             stop=req.stop,
             truncate=req.truncate,
             grammar=req.grammar,
+            adapter=req.adapter_id,
         )
 
     async def _one_generation(
         self, request: web.Request, body: Any, key: str
     ) -> tuple[ValidRequest, Generation, Any]:
         started = time.monotonic()
-        req = self._validate(body)
+        req = self._served(self._validate(body))
         await self._inject(request, key)
         gen = self._run_model(req)
         if self.token_interval:  # the answer comes once its last token is generated
@@ -388,7 +409,7 @@ class FakeTGIServer:
 
     async def _stream(self, request: web.Request, body: Any, path: str, key: str) -> web.StreamResponse:
         try:
-            req = self._validate(body, stream=True)
+            req = self._served(self._validate(body, stream=True))
             stall = await self._inject(request, key, stream=True)
         except WireError as err:
             if err.text or path == "/generate_stream":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..._loop import register_exit_hook
@@ -50,6 +50,11 @@ _OPENAI_TAGS = (
     "reasoning_tags split the text of a TGI endpoint; an OpenAI-protocol endpoint returns the thinking "
     "itself (reasoning_content / reasoning) when its server runs a reasoning parser "
     "(vllm serve --reasoning-parser)"
+)
+
+_OPENAI_ADAPTERS = (
+    "adapters names a TGI endpoint's --lora-adapters; an OpenAI-protocol endpoint takes a request's "
+    "adapter as its model (the server's LoRA modules), with no option"
 )
 
 
@@ -105,6 +110,7 @@ class EndpointsBackend(BaseBackend):
         max_concurrency: int | None = None,
         close_timeout: float = 60.0,
         reasoning_tags: tuple[str, str] | None = None,
+        adapters: Sequence[str] | str | None = None,
     ) -> EndpointsBackend:
         """Find (or create) the endpoint, bring it to ``running``, wait for its health route, and wrap it.
 
@@ -134,6 +140,10 @@ class EndpointsBackend(BaseBackend):
             reasoning_tags: ``(start, end)`` delimiting a reasoning model's thinking in the text a TGI
                 endpoint returns (see `TGIBackend`); an OpenAI-protocol endpoint returns the thinking itself
                 when its server has a reasoning parser (``vllm serve --reasoning-parser``): refused there.
+            adapters: A TGI endpoint's LoRA adapter ids (see `TGIBackend`); ``None`` reads them from the
+                endpoint's ``LORA_ADAPTERS`` environment variable (TGI's launcher reads its
+                ``--lora-adapters`` from it), where set. An OpenAI-protocol endpoint takes an adapter as the
+                request's ``model`` (its server's LoRA modules) and refuses this option.
 
         Raises:
             InvalidRequestError: An invalid option.
@@ -166,12 +176,18 @@ class EndpointsBackend(BaseBackend):
             if proto == "openai":
                 if tags is not None:  # detected from the image: refused before any request
                     raise InvalidRequestError(_OPENAI_TAGS)
+                if adapters is not None:
+                    raise InvalidRequestError(_OPENAI_ADAPTERS)
                 inner = await OpenAIBackend.create(
                     base_url=url + "/v1", api_key=lifecycle.token, model=model, **options
                 )
             else:
                 inner = await TGIBackend.create(
-                    url=url, token=lifecycle.token, reasoning_tags=tags, **options
+                    url=url,
+                    token=lifecycle.token,
+                    reasoning_tags=tags,
+                    adapters=adapters if adapters is not None else _env_adapters(raw),
+                    **options,
                 )
         except BaseException:
             if lifecycle.touched and on_close != "keep":
@@ -270,6 +286,13 @@ def _close_open_endpoints_at_exit() -> None:
 
 
 register_exit_hook(_close_open_endpoints_at_exit)
+
+
+def _env_adapters(raw: Mapping[str, Any]) -> str | None:
+    """The endpoint's ``LORA_ADAPTERS`` (its TGI's ``--lora-adapters``), where its description sets it."""
+    env = (raw.get("model") or {}).get("env") or {}
+    value = env.get("LORA_ADAPTERS") if isinstance(env, Mapping) else None
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _detect_protocol(raw: Mapping[str, Any]) -> WireProtocol:

@@ -27,6 +27,10 @@ Scoring requests are short and bounded by the idle limit as a whole. A
 length refusal (OpenAI's ``context_length_exceeded``, vLLM serve's "maximum context length") is a
 `ContextLengthError`.
 
+LoRA adapters (`_lora`): a request's ``adapter`` is the body's ``model`` on every route, as ``vllm serve
+--lora-modules`` serves them; ``lora_modules`` makes the backend load each on its first use and refuse
+unknown names before sending.
+
 Any other server gets the plain OpenAI fields only, and loglikelihood requests are refused: without an
 exact tokenizer a context/continuation split on text would score the wrong tokens. Errors are mapped by
 `_http.error_for_status` (400/404/422 -> `RequestRejectedError`, 401/403 -> `AuthenticationError`, 429 ->
@@ -64,6 +68,7 @@ from .._http.transport import (
     poll_until_ok,
 )
 from ._batch import OpenAIBatches
+from ._lora import ServerAdapters, adapter_rejection, listed_names, model_for
 from ._scoring import VLLMServerScoring
 from ._wire import (
     VLLM_SERVER_ONLY,
@@ -101,6 +106,8 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         tools: Claim `Capabilities.tools`; false for a server without tool calling (vLLM started without
             ``--enable-auto-tool-choice --tool-call-parser``), so tool requests are refused before sending.
         batch_limits: How ``batch=True`` runs cut and poll batches (OpenAI's limits by default).
+        adapters: The LoRA adapters given as ``lora_modules`` (`ServerAdapters`); ``None``: none given,
+            any adapter name is sent as the request's ``model`` and the server decides.
     """
 
     name = "openai"
@@ -120,6 +127,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         images: bool = True,
         tools: bool = True,
         batch_limits: BatchLimits | None = None,
+        adapters: ServerAdapters | None = None,
     ) -> None:
         if not isinstance(base_url, str):
             raise InvalidRequestError(f"base_url must be a str, got {type(base_url).__name__}")
@@ -147,6 +155,10 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         self.batch_limits = batch_limits or BatchLimits()
         self._health = HealthWatch(self._http)
         self._cache_key = sends_prompt_cache_key(self.base_url)  # few-shot prompts share OpenAI's cache
+        self._batch_adapters: set[str] = set()
+        self.adapters = adapters or ServerAdapters(
+            None, self._http, self._api, backend=self.name, where=self.base_url
+        )
 
     @classmethod
     async def create(
@@ -165,6 +177,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         batch_max_requests: int = 50_000,
         batch_max_bytes: int = 200 * 1024 * 1024,
         batch_poll_interval: float = 30.0,
+        lora_modules: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> OpenAIBackend:
         """Build the backend, reading ``GET {base_url}/models`` to pick the model and recognise vLLM.
 
@@ -184,10 +197,15 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             batch_max_requests: Most requests in one provider batch (``batch=True`` runs; OpenAI: 50,000).
             batch_max_bytes: Most bytes in one batch's input file (OpenAI: 200 MB).
             batch_poll_interval: Seconds between two looks at a batch in flight.
+            lora_modules: LoRA adapters by name (``{"math": "/ckpt/math"}``, as ``vllm serve
+                --lora-modules``): each is loaded on the server on its first use (``POST
+                /v1/load_lora_adapter``) unless it already serves it, a name outside them is refused before
+                sending, and the fingerprint holds the SHA-256 of each one's files. Without it an adapter
+                name is sent as it is (the server's ``--lora-modules``).
 
         Raises:
             InvalidRequestError: ``model=None`` and the server lists no model or several (they are named),
-                or an option is invalid.
+                or an option is invalid (``lora_modules`` not a mapping of names to adapter directories).
             BackendError: The model list could not be read while it was needed (``model=None``).
         """
         if server not in ("auto", "vllm", "generic"):
@@ -211,6 +229,10 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             tools=tools,
         )
         try:
+            if lora_modules is not None:
+                backend.adapters = await ServerAdapters.read(
+                    lora_modules, backend._http, backend._api, backend=cls.name, where=backend.base_url
+                )
             await backend._discover(model, server)
         except BaseException:
             await backend.aclose()
@@ -228,7 +250,8 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 raise
             listed = []
         if model is None:
-            ids = [str(entry.get("id")) for entry in listed]
+            # vLLM lists each LoRA module too, with its base as `parent`: the base is the one to choose.
+            ids = [str(entry.get("id")) for entry in listed if not entry.get("parent")]
             if len(ids) != 1:
                 raise InvalidRequestError(
                     f"{self.base_url} serves {len(ids)} models; choose one with model=: {', '.join(ids)}"
@@ -265,7 +288,7 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
         served name points at as ``root`` (``--served-model-name`` aliases), so a server redeployed with
         other weights under the same name gets other keys. ``server`` is there because a vLLM server's
         answers carry more (token ids) than a generic server's. All of it is read by `create`, before the
-        first request.
+        first request. With ``lora_modules``, each adapter's name and the SHA-256 of its files.
         """
         return {
             "name": self.name,
@@ -273,6 +296,9 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             "model": self.model,
             "model_root": self.model_root,
             "server": self.server,
+            # Only where lora_modules were given: older cache files keep their keys. Without them a
+            # request's adapter name is in its own key (the core's request key), its weights unknown here.
+            **self.adapters.fingerprint,
         }
 
     async def check_ready(self) -> None:
@@ -319,12 +345,13 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
                 backend=self.name,
                 request_id=rid,
             )
+        await self.adapters.ensure_loaded(request.adapter, rid, self._listed)
         payload = completion_payload(
-            self.model, request, vllm=self.server == "vllm", cache_key=self._cache_key
+            model_for(self.model, request), request, vllm=self.server == "vllm", cache_key=self._cache_key
         )
         path = "/chat/completions" if chat else "/completions"
         vllm = self.server == "vllm"
-        body = await ask(
+        ask_server = ask(
             whole=lambda: self._post(path, payload, rid),
             streamed=lambda idle: self._streamed(path, payload, rid, chat=chat, idle=idle),
             # A server parser's streamed split may differ from the whole answer's: tools anywhere, and
@@ -335,6 +362,10 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             backend=self.name,
             request_id=rid,
         )
+        try:
+            body = await ask_server
+        except BackendError as exc:
+            raise adapter_rejection(exc, request, self.base_url) from exc
         return self._result(request, body)
 
     def _refuse(self, request: GenerationRequest) -> None:
@@ -344,6 +375,11 @@ class OpenAIBackend(OpenAIBatches, VLLMServerScoring, BaseBackend):
             request.params, self.capabilities, backend=self.name, request_id=rid, reasons=_NOT_VLLM
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        self.adapters.refuse_unknown(request)
+
+    async def _listed(self) -> set[str]:
+        """The model names the server lists now (an adapter already served needs no loading)."""
+        return listed_names(await self._models())
 
     def _result(self, request: GenerationRequest, body: Any) -> GenerationResult:
         """A completions answer's body as the request's result (plain and batch paths)."""

@@ -26,6 +26,7 @@ from ..._batch import BatchLimits, BatchLine, BatchStatus
 from ..._types import GenerationRequest, GenerationResult
 from ...errors import BackendError, BackendTimeoutError, RequestRejectedError
 from .._http.transport import HTTPResponse, HTTPTransport
+from ._lora import ServerAdapters, model_for
 from ._wire import completion_payload
 
 __all__ = ["OpenAIBatches"]
@@ -44,6 +45,8 @@ class OpenAIBatches:
     batch_limits: BatchLimits
     _http: HTTPTransport
     _api: str
+    adapters: ServerAdapters
+    _batch_adapters: set[str]  # the adapters batch lines named (loaded before their file is uploaded)
 
     if TYPE_CHECKING:  # provided by the backend; declared for the type checker only
 
@@ -54,6 +57,8 @@ class OpenAIBatches:
         def _refuse(self, request: GenerationRequest) -> None: ...
 
         def _result(self, request: GenerationRequest, body: Any) -> GenerationResult: ...
+
+        async def _listed(self) -> set[str]: ...
 
     def batch_line(self, custom_id: str, request: GenerationRequest) -> BatchLine | None:
         """The request's JSONL line, with the body ``generate`` would post; ``None`` for ``max_tokens=0``.
@@ -66,7 +71,12 @@ class OpenAIBatches:
         if request.params.max_tokens == 0:
             return None
         url = "/v1/chat/completions" if request.prompt_kind == "chat" else "/v1/completions"
-        body = completion_payload(self.model, request, vllm=self.server == "vllm", cache_key=self._cache_key)
+        # The adapter is the line's model, as on the plain path; one to load (lora_modules) is loaded before
+        # the file that holds its lines is uploaded (`upload_batch_file`).
+        model = model_for(self.model, request)
+        if request.adapter is not None:
+            self._batch_adapters.add(request.adapter)
+        body = completion_payload(model, request, vllm=self.server == "vllm", cache_key=self._cache_key)
         line = {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
         data = json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode()
         return BatchLine(url, data)
@@ -74,6 +84,9 @@ class OpenAIBatches:
     async def upload_batch_file(self, lines: Sequence[BatchLine]) -> str:
         """``POST /files`` (multipart, ``purpose=batch``); returns the file id."""
         self._check_open()
+        # Each adapter named by the lines cut so far, loaded once (most are already: a no-op then).
+        for name in sorted(self._batch_adapters):
+            await self.adapters.ensure_loaded(name, None, self._listed)
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
         content = b"".join(line.data + b"\n" for line in lines)

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..._tasks import all_or_nothing
 from ..._text import split_of
 from ..._timeouts import idle_timeout
-from ..._types import LoglikelihoodRequest, LoglikelihoodResult, RollingLoglikelihoodRequest
+from ..._types import LoglikelihoodRequest, LoglikelihoodResult, Request, RollingLoglikelihoodRequest
 from ...errors import BackendError, ContextLengthError, RequestRejectedError
 from .._http.transport import HTTPResponse, HTTPTransport
 from .._scoring import ScoringPlan, aplan_loglikelihood, plan_rolling, scored_result
+from ._lora import ServerAdapters, adapter_rejection, model_for
 from ._wire import echo_payload, parse_echo
 
 __all__ = ["VLLMServerScoring"]
@@ -39,6 +40,7 @@ class VLLMServerScoring:
     _http: HTTPTransport
     _special: tuple[tuple[int, ...], int | None] | None  # (BOS prefix, empty-context token), once probed
     _special_lock: asyncio.Lock | None
+    adapters: ServerAdapters
 
     if TYPE_CHECKING:
 
@@ -50,11 +52,14 @@ class VLLMServerScoring:
 
         def _malformed(self, rid: str | None, exc: BaseException) -> BackendError: ...
 
+        async def _listed(self) -> set[str]: ...
+
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score the continuation's tokens given the context's, exactly as the in-process ``vllm`` adapter."""
         rid = request.request_id
         self._check_open(rid)
         self._require_vllm(rid)
+        model = await self._adapter_model(request)
         prefix, stand_in = await self._special_tokens(rid)
         if not request.context.rstrip() and stand_in is None:
             raise self._no_stand_in(rid)
@@ -77,20 +82,31 @@ class VLLMServerScoring:
                 backend=self.name,
                 request_id=rid,
             )
-        return scored_result(rid, await self._score(scoring, rid))
+        return scored_result(rid, await self._score(scoring, rid, model, request))
 
     async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
         """Score a whole text in windows of the model's length, every token once (perplexity tasks)."""
         rid = request.request_id
         self._check_open(rid)
         self._require_vllm(rid)
+        model = await self._adapter_model(request)
         _, stand_in = await self._special_tokens(rid)
         if stand_in is None:
             raise self._no_stand_in(rid)
         ids = await self._tokenize(request.text, rid)
         plans = plan_rolling(ids, prefix_token=stand_in, max_prompt_tokens=self._max_prompt_tokens)
-        windows = await all_or_nothing([self._score(p, rid) for p in plans])
+        windows = await all_or_nothing([self._score(p, rid, model, request) for p in plans])
         return scored_result(rid, [item for window in windows for item in window])
+
+    async def _adapter_model(self, request: LoglikelihoodRequest | RollingLoglikelihoodRequest) -> str:
+        """The ``model`` the echo is asked of: the request's adapter (loaded first, where to be), or the base.
+
+        The text is tokenized by the base model's name all the same: an adapter shares its base's tokenizer
+        (the in-process ``vllm`` adapter splits with the base's too), so one probe of special tokens serves.
+        """
+        self.adapters.refuse_unknown(request)
+        await self.adapters.ensure_loaded(request.adapter, request.request_id, self._listed)
+        return model_for(self.model, request)
 
     @property
     def _max_prompt_tokens(self) -> int:
@@ -147,11 +163,16 @@ class VLLMServerScoring:
         except (KeyError, TypeError, ValueError) as exc:
             raise self._malformed(rid, exc) from exc
 
-    async def _score(self, plan: ScoringPlan, rid: str | None) -> list[tuple[float, bool]]:
+    async def _score(
+        self, plan: ScoringPlan, rid: str | None, model: str, request: Request
+    ) -> list[tuple[float, bool]]:
         """Each scored token's (logprob, is it the top-1 token) from the echoed prompt logprobs."""
         if plan.scored == 0:  # a continuation that merged into the context (lm-eval's split): an empty sum
             return []
-        body = await self._post("/completions", echo_payload(self.model, plan), rid, idle_timeout())
+        try:
+            body = await self._post("/completions", echo_payload(model, plan), rid, idle_timeout())
+        except BackendError as exc:
+            raise adapter_rejection(exc, request, self.base_url) from exc
         try:
             return parse_echo(body, plan)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:

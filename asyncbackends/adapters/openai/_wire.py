@@ -253,4 +253,8 @@ def capabilities(
         # 400, which comes back as RequestRejectedError.
         images=images,
         tools=tools,
+        # An adapter is the request's model: every OpenAI-compatible server takes a model name (vllm serve
+        # serves its LoRA modules so); an unknown one is the server's 404 (or refused before sending where
+        # lora_modules name the adapters).
+        adapters=True,
     )

@@ -21,6 +21,10 @@ any body over ``payload_limit`` is refused before sending. Loglikelihoods read t
 - TGI has no ``n``: n > 1 becomes n concurrent requests with seeds ``seed + i`` inside this one call,
   cancelled together when one fails; TGI's ``best_of`` is not used (it returns one sequence, not n).
 
+LoRA adapters: with ``adapters`` (the launcher's ``--lora-adapters`` ids) a request's ``adapter`` is sent as
+``parameters.adapter_id`` (the chat route's ``model``), and a name outside them is refused before sending:
+TGI answers an unknown ``adapter_id`` from the base model.
+
 ``GET /info`` is read once, when the backend is built (`create`) or else before the first request: the model
 it names keys the response cache, and requests TGI would refuse for their length are refused here before
 sending (`ContextLengthError` when prompt plus ``max_tokens`` exceed ``max_total_tokens``). How a generation
@@ -41,11 +45,11 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..._protocol import BaseBackend, Secret
-from ..._refusals import refuse_unclaimed_chat, refuse_unsupported
+from ..._refusals import refuse_unclaimed_chat, refuse_unknown_adapter, refuse_unsupported
 from ..._tasks import all_or_nothing
 from ..._text import split_trailing_space
 from ..._timeouts import idle_timeout
@@ -56,6 +60,7 @@ from ..._types import (
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    Request,
 )
 from ...errors import (
     AuthenticationError,
@@ -82,6 +87,7 @@ from ._wire import (
     HONOURED,
     NOT_ON_CHAT,
     UNSUPPORTED_REASONS,
+    adapter_fields,
     chat_payload,
     encoder,
     generate_payload,
@@ -90,6 +96,7 @@ from ._wire import (
     oversized,
     parse_chat,
     parse_generate,
+    parse_lora_adapters,
 )
 from ._wire import (
     TGIInfo as TGIInfo,
@@ -131,6 +138,11 @@ class TGIBackend(BaseBackend):
         reasoning_tags: ``(start, end)`` that delimit a reasoning model's thinking in the text the server
             returns (``("<think>", "</think>")``): the answer alone in ``text``, the thinking in
             ``reasoning``; stop strings end the answer only (`_reasoning_tags`).
+        adapters: The LoRA adapter ids the server serves, as its launcher's ``--lora-adapters`` names
+            them (a sequence of ids, or that option's string: ``"math,code=/ckpt/code"``). Requests naming
+            one send it as ``adapter_id``; a name outside them is refused before sending, since TGI answers
+            an unknown ``adapter_id`` from its base model without an error. ``None`` (the default): the
+            backend claims no adapters (`Capabilities.adapters` false).
     """
 
     name = "tgi"
@@ -147,7 +159,9 @@ class TGIBackend(BaseBackend):
         tokenizer: Any = None,
         payload_limit: int | None = DEFAULT_PAYLOAD_LIMIT,
         reasoning_tags: tuple[str, str] | None = None,
+        adapters: Sequence[str] | str | None = None,
     ) -> None:
+        self.adapters = _check_adapters(adapters)
         secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
             url,
@@ -180,6 +194,7 @@ class TGIBackend(BaseBackend):
             images=True,
             tools=True,
             reasoning=self.reasoning_tags is not None,
+            adapters=self.adapters is not None,
         )
 
     def __repr__(self) -> str:
@@ -288,6 +303,7 @@ class TGIBackend(BaseBackend):
             params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
         )
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        self._refuse_unknown_adapter(request)
         on_generate_only = [n for n in NOT_ON_CHAT if getattr(params, n) is not None]
         if kind == "chat" and on_generate_only:
             raise RequestRejectedError(
@@ -406,12 +422,14 @@ class TGIBackend(BaseBackend):
         """Sum of the continuation's prefill logprobs; ``is_greedy`` is ``None`` (TGI cannot tell)."""
         rid = request.request_id
         self._check_open(rid)
+        self._refuse_unknown_adapter(request)
         # As lm-eval, vllm and openai do: "is " + "Paris" is scored as "is" + " Paris".
         context, _ = split_trailing_space(request.context, request.continuation)
         text = request.context + request.continuation
         info = await self.info(rid)
         self._check_length(info, text, 1, rid, prompt_min=2)
         parameters = {"do_sample": False, "max_new_tokens": 1, "details": True, "decoder_input_details": True}
+        parameters.update(adapter_fields(request))  # the adapter's prefill logprobs, not the base's
         # One token generated: the answer comes at once, so the idle limit bounds the whole wait.
         scored = self._post(
             "/generate", {"inputs": text, "parameters": parameters}, request, idle=idle_timeout()
@@ -446,6 +464,12 @@ class TGIBackend(BaseBackend):
         except (KeyError, TypeError) as exc:
             raise self._malformed(request.request_id, exc) from exc
 
+    def _refuse_unknown_adapter(self, request: Request) -> None:
+        # TGI itself answers an unknown adapter_id from the base model (its server's adapter index
+        # defaults to 0, the base): only this check keeps a misspelt name from scoring the base.
+        if self.adapters is not None:
+            refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters")
+
     # -- wire ----------------------------------------------------------------------------------------
 
     async def _send(self, path: str, payload: Any, rid: str | None, idle: float | None) -> HTTPResponse:
@@ -472,3 +496,16 @@ class TGIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("TGI", exc, backend=self.name, request_id=rid)
+
+
+def _check_adapters(adapters: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """The ``adapters`` option as a tuple of ids (a ``--lora-adapters`` string parsed as TGI parses it)."""
+    if adapters is None:
+        return None
+    try:
+        ids = parse_lora_adapters(adapters) if isinstance(adapters, str) else tuple(adapters)
+    except ValueError as exc:
+        raise InvalidRequestError(f"adapters: {exc}") from exc
+    if not ids or not all(isinstance(i, str) and i and i == i.strip() for i in ids):
+        raise InvalidRequestError(f"adapters must name one adapter id or more (non-empty strs) {adapters!r}")
+    return ids

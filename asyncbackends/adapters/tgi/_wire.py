@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._sampling_table import OPTIONAL_SPECS, SPECS
-from ..._types import Completion, GenerationRequest, ToolCall
+from ..._types import Completion, GenerationRequest, Request, ToolCall
 from ...errors import InvalidRequestError
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "NOT_ON_CHAT",
     "UNSUPPORTED_REASONS",
     "TGIInfo",
+    "adapter_fields",
     "chat_payload",
     "encoder",
     "generate_payload",
@@ -34,6 +35,7 @@ __all__ = [
     "oversized",
     "parse_chat",
     "parse_generate",
+    "parse_lora_adapters",
     "sampling_parameters",
 ]
 
@@ -124,7 +126,34 @@ def generate_payload(request: GenerationRequest, seed: int | None) -> dict[str, 
         parameters["stop"] = list(params.stop)
     if seed is not None:
         parameters["seed"] = seed
+    parameters.update(adapter_fields(request))
     return {"inputs": request.prompt, "parameters": parameters}
+
+
+def adapter_fields(request: Request) -> dict[str, Any]:
+    """``/generate``'s ``parameters.adapter_id`` for a request naming an adapter; nothing for the base."""
+    return {} if request.adapter is None else {"adapter_id": request.adapter}
+
+
+def parse_lora_adapters(value: str) -> tuple[str, ...]:
+    """The adapter ids in a ``--lora-adapters`` / ``LORA_ADAPTERS`` value, as TGI's server parses it.
+
+    Comma-separated ``id``, ``id=path`` or ``id@revision`` entries (TGI's ``parse_lora_adapters``,
+    server/text_generation_server/utils/adapter.py); the id is what a request names as ``adapter_id``.
+
+    Raises:
+        ValueError: An entry TGI would refuse (more than one ``=`` or ``@``, or no id).
+    """
+    ids = []
+    for entry in (part.strip() for part in value.split(",")):
+        match = _LORA_ADAPTER.match(entry)
+        if entry.count("=") > 1 or entry.count("@") > 1 or match is None:
+            raise ValueError(f"Invalid LoRA adapter format: {entry}")
+        ids.append(match.group(1))
+    return tuple(ids)
+
+
+_LORA_ADAPTER = re.compile(r"^([^=@]+)(?:=([^@]+))?(?:@(.+))?$")  # TGI's own pattern
 
 
 def parse_generate(body: Any, params: Any) -> Completion:
@@ -167,6 +196,10 @@ def chat_payload(request: GenerationRequest, seed: int | None) -> dict[str, Any]
         payload["seed"] = seed
     if params.logprobs:
         payload["logprobs"] = True
+    if request.adapter is not None:
+        # TGI's router reads the chat request's model as the adapter id (any name but "tgi"; router/src/
+        # lib.rs, ChatRequest's try_into_generate), though its OpenAPI spec calls the field unused.
+        payload["model"] = request.adapter
     if request.tools:
         # TGI's FunctionDefinition names the schema ``arguments`` (it reads ``parameters`` as an alias).
         payload["tools"] = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 __all__ = ["answer", "error_body", "line_key"]
@@ -78,12 +78,17 @@ def _choice(text: str, body: Mapping[str, Any], index: int, chat: bool) -> tuple
     return choice, len(words)
 
 
-def answer(path: str, body: Any, model: str) -> tuple[int, dict[str, Any]]:
-    """The status and body the look-alike answers for one generation request on ``path``."""
+def answer(path: str, body: Any, model: str, adapters: Collection[str] = ()) -> tuple[int, dict[str, Any]]:
+    """The status and body the look-alike answers for one generation request on ``path``.
+
+    A ``model`` in ``adapters`` (LoRA adapters served beside the base) is answered as that adapter: each
+    choice's text starts with ``[name]`` (as the mock's adapters answer) and the answer names it.
+    """
     chat = path.endswith("/chat/completions")
     if not isinstance(body, Mapping):
         return 400, error_body("the body must be a JSON object", "invalid_request_error")
-    if body.get("model") != model:
+    adapter = body.get("model") if body.get("model") in adapters else None
+    if body.get("model") != model and adapter is None:
         message = f"The model `{body.get('model')}` does not exist or you do not have access to it."
         return 404, error_body(message, "invalid_request_error", "model_not_found", "model")
     max_tokens = body.get("max_tokens", 16)
@@ -106,6 +111,9 @@ def answer(path: str, body: Any, model: str) -> tuple[int, dict[str, Any]]:
     choices, generated = [], 0
     for index in range(n):
         choice, count = _choice(text, body, index, chat)
+        if adapter is not None:
+            holder = choice["message"] if chat else choice
+            holder["content" if chat else "text"] = f"[{adapter}]" + holder["content" if chat else "text"]
         choices.append(choice)
         generated += count
     prompt_tokens = len(text.split())
@@ -114,7 +122,7 @@ def answer(path: str, body: Any, model: str) -> tuple[int, dict[str, Any]]:
         "id": ("chatcmpl-" if chat else "cmpl-") + digest,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
-        "model": model,
+        "model": adapter or model,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,

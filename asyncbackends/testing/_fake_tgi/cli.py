@@ -34,6 +34,7 @@ def server_options(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model-id", default=None, help="the model id /info reports")
     parser.add_argument("--concurrency", type=int, default=None, help="served at once; the rest queue")
     parser.add_argument("--check-schema", action="store_true", help="validate exchanges (slow)")
+    parser.add_argument("--lora-adapters", default="", help="LoRA adapter ids served, as TGI's launcher")
     args = parser.parse_args(argv)
     return {
         "limits": Limits(max_concurrent_requests=args.max_concurrent_requests),
@@ -45,6 +46,7 @@ def server_options(argv: list[str] | None = None) -> dict[str, Any]:
         "record": False,
         "model_id": args.model_id,
         "concurrency": args.concurrency,
+        "lora_adapters": args.lora_adapters,
         "host": args.host,
         "port": args.port,
     }

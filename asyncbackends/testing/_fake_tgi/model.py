@@ -17,18 +17,26 @@ from typing import Any
 
 from ...adapters._minimal_match import minimal_json, minimal_regex_match
 
-__all__ = ["BOS_ID", "EOS_ID", "FakeModel", "Generation", "TokenInfo", "token_logprob"]
+__all__ = ["BOS_ID", "EOS_ID", "FakeModel", "Generation", "TokenInfo", "adapter_salt", "token_logprob"]
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 _OFFSET = 3
 _SPECIAL = {UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 
 
-def token_logprob(previous: str, token: str) -> float:
-    """The fake model's logprob of ``token`` (one character, or ``"</s>"``) after character ``previous``."""
+def token_logprob(previous: str, token: str, adapter: str | None = None) -> float:
+    """The fake model's logprob of ``token`` (one character, or ``"</s>"``) after character ``previous``.
+
+    A LoRA adapter (its id) lowers every logprob by its own salt, so its scores differ from the base's.
+    """
     prev = ord(previous[-1]) if previous else 1
     tok = sum(map(ord, token))
-    return -((prev * 31 + tok) % 13 + 1) / 10
+    return -((prev * 31 + tok) % 13 + 1) / 10 - adapter_salt(adapter)
+
+
+def adapter_salt(adapter: str | None) -> float:
+    """How much adapter ``adapter`` lowers each logprob (0 for the base): 0.01 to 0.07, by its name."""
+    return 0.0 if adapter is None else (sum(map(ord, adapter)) % 7 + 1) / 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +84,12 @@ class FakeModel:
         """Input tokens of ``text``, BOS included."""
         return len(text) + 1
 
-    def prefill(self, text: str) -> list[TokenInfo]:
+    def prefill(self, text: str, adapter: str | None = None) -> list[TokenInfo]:
         """The prefill tokens of ``text``: BOS without a logprob, then each character given the previous."""
         out = [TokenInfo(BOS_ID, "<s>", None)]
         previous = ""
         for char in text:
-            out.append(TokenInfo(self.token_id(char), char, token_logprob(previous, char)))
+            out.append(TokenInfo(self.token_id(char), char, token_logprob(previous, char, adapter)))
             previous = char
         return out
 
@@ -95,15 +103,19 @@ class FakeModel:
         stop: list[str],
         truncate: int | None = None,
         grammar: tuple[str, Any] | None = None,
+        adapter: str | None = None,
     ) -> Generation:
         """Echo (greedy) or a seeded shuffle (sampling) of ``text``'s characters, then EOS.
+
+        With a LoRA ``adapter`` (a served one's id) the echo starts with ``[adapter] `` (as the mock's
+        adapters answer) and every logprob is lowered by its salt (`adapter_salt`).
 
         Raises:
             NoMatchError: ``grammar`` (``("regex", pattern)`` or ``("json", schema)``) defeats the generator.
         """
         if truncate is not None and truncate < len(text):
             text = text[len(text) - truncate :]  # TGI truncates from the left
-        chars = list(text)
+        chars = list(f"[{adapter}] " + text if adapter is not None else text)
         used_seed: int | None = None
         if grammar is not None:
             kind, value = grammar
@@ -114,13 +126,14 @@ class FakeModel:
         out = Generation("", seed=used_seed)
         previous = text[-1:] if text else ""
         for char in chars[:max_new_tokens]:
-            out.tokens.append(TokenInfo(self.token_id(char), char, token_logprob(previous, char)))
+            out.tokens.append(TokenInfo(self.token_id(char), char, token_logprob(previous, char, adapter)))
             out.text += char
             previous = char
             if any(out.text.endswith(s) for s in stop):
                 out.finish_reason = "stop_sequence"
                 return out
         if len(out.tokens) < max_new_tokens:
-            out.tokens.append(TokenInfo(EOS_ID, "</s>", token_logprob(previous, "</s>"), special=True))
+            eos = token_logprob(previous, "</s>", adapter)
+            out.tokens.append(TokenInfo(EOS_ID, "</s>", eos, special=True))
             out.finish_reason = "eos_token"
         return out

@@ -23,7 +23,8 @@ def details_json(model: FakeModel, req: ValidRequest, gen: Generation) -> dict[s
     prefill = []
     if req.decoder_input_details:
         prefill = [
-            {"id": t.id, "text": t.text, "logprob": t.logprob} for t in model.prefill(req.model_inputs)
+            {"id": t.id, "text": t.text, "logprob": t.logprob}
+            for t in model.prefill(req.model_inputs, req.adapter_id)
         ]
     return {
         "finish_reason": gen.finish_reason,

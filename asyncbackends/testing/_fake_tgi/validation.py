@@ -198,6 +198,8 @@ class ValidRequest:
     """``("regex", pattern)`` or ``("json", schema)``: the constraint the router hands to the model."""
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
+    adapter_id: str | None = None
+    """The LoRA adapter asked for (``parameters.adapter_id``; a chat's ``model`` other than ``"tgi"``)."""
 
 
 def validate_generate(
@@ -291,6 +293,7 @@ def validate_generate(
         grammar=grammar,
         repetition_penalty=p.get("repetition_penalty"),
         frequency_penalty=p.get("frequency_penalty"),
+        adapter_id=p.get("adapter_id"),
     )
 
 
@@ -367,6 +370,10 @@ def chat_to_generate(body: Any) -> dict[str, Any]:
     ):
         if body.get(theirs) is not None:
             params[ours] = body[theirs]
+    model = body.get("model")
+    if isinstance(model, str) and model != "tgi":
+        # TGI's router: `adapter_id: model.filter(|m| *m != "tgi")` (router/src/lib.rs, ChatRequest).
+        params["adapter_id"] = model
     if body.get("presence_penalty") is not None:
         if not _CHECKS["float"][1](body["presence_penalty"]):
             raise _type_error("presence_penalty", "invalid type, expected a float")
