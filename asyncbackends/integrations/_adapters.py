@@ -33,8 +33,8 @@ def parse_lora_modules(value: Any, *, where: str = "lora_modules") -> dict[str, 
     """Read a ``lora_modules`` value in any of its spellings; ``None`` (or an empty text) stays ``None``.
 
     Args:
-        value: A mapping of names to directories, a JSON object, or ``name=path|name=path`` text (a bare
-            path is named by its directory's name).
+        value: A mapping of names to directories, a JSON object, ``name=path|name=path`` text (a bare
+            path is named by its directory's name), or a list of such texts.
         where: What the value was given as, for messages (``--option lora_modules``...).
 
     Returns:
@@ -58,12 +58,14 @@ def parse_lora_modules(value: Any, *, where: str = "lora_modules") -> dict[str, 
                 raise InvalidRequestError(f"{where}: adapter {name!r} needs a directory path, got {path!r}")
             modules[_checked_name(name, where)] = os.fspath(path)
         return modules
-    if not isinstance(value, str):
+    # A list: inspect's -M splits a value on its commas (``-M lora_modules=a=/p,b=/q``).
+    texts = value if isinstance(value, (list, tuple)) else [value]
+    if not texts or not all(isinstance(text, str) for text in texts):
         raise InvalidRequestError(
             f"{where}: expected name=path pairs joined by '|' or a mapping of names to paths, got {value!r}"
         )
     modules = {}
-    for item in (part.strip() for part in value.split("|")):
+    for item in (part.strip() for text in texts for part in text.split("|")):
         if not item:
             continue
         name, sep, path = item.partition("=")
