@@ -36,8 +36,11 @@ examples:
   asyncbackends run in.jsonl --backend openai --option base_url=https://api.openai.com/v1 \\
       --option model=my-model --price input=1.75 --price cached_input=0.175 --price output=14 \\
       --budget-cost 5 --cache run.sqlite
+  asyncbackends run in.jsonl --backend vllm --option model=/path/to/base \
+      --option 'lora_modules=math=/ckpt/math|code=/ckpt/code' --adapter math
 
---option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text.
+--option values are read as JSON where they parse (8, 0.5, true, [1, 2]), else as text; lora_modules
+takes name=path pairs joined by | (or a JSON object). An input line may name its own "adapter".
 Ctrl-C stops the run, keeps the finished results and exits 130 (SIGTERM: the same, exit 143);
 with --cache a rerun resumes.
 """
@@ -73,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", required=True, help="adapter name (see `asyncbackends list`)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option")
     run.add_argument("--replicas", metavar="FILE", help="replicas file (TOML/JSON) for --backend pool")
+    run.add_argument(
+        "--adapter",
+        metavar="NAME",
+        help="LoRA adapter every request names (the backend must serve it, e.g. vllm's lora_modules); a "
+        'line naming another "adapter" fails',
+    )
     run.add_argument("--output", help="JSONL file for results (default: standard output)")
     run.add_argument(
         "--concurrency",

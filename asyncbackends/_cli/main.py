@@ -4,6 +4,8 @@
 asyncbackends list
 asyncbackends run INPUT.jsonl --backend NAME [--option key=value ...] [--output OUT.jsonl] [--concurrency N]
 asyncbackends run INPUT.jsonl --backend pool --replicas replicas.toml
+asyncbackends run INPUT.jsonl --backend vllm --option model=BASE --option lora_modules=a=/ckpt/a|b=/ckpt/b
+asyncbackends run INPUT.jsonl ... --adapter NAME
 asyncbackends run ... [--metrics-file RUN.jsonl] [--metrics-port PORT]
 asyncbackends report RUN.jsonl [--output REPORT.html]
 asyncbackends cache stats|clear PATH
@@ -17,6 +19,10 @@ Input lines (one JSON object each; ``type`` defaults to ``"generate"``):
 {"type": "loglikelihood", "context": "...", "continuation": "...", "request_id": "..."}
 {"type": "loglikelihood_rolling", "text": "...", "request_id": "..."}
 ```
+
+Any line may name a LoRA adapter, ``"adapter": "name"`` (the request's `adapter`); ``--adapter NAME`` names
+one for every line (`ab.with_adapter`), and a line naming another fails alone, as that wrapper refuses it.
+Output records keep the adapter a request was sent with (``"adapter"``, left out for the base model).
 
 Every input line is validated before anything is sent: a bad line is reported with its line number and the
 run does not start. The output has exactly one record per input line, in input order: ``result`` or
@@ -39,6 +45,7 @@ from typing import Any, NoReturn, TextIO
 
 from .._budget import Budget
 from .._cache import ResponseCache
+from .._field_checks import check_adapter
 from .._gather import RetryPolicy, run_batch
 from .._install import pip_install
 from .._loop import get_loop_manager
@@ -57,6 +64,7 @@ from .._types import (
 )
 from .._usage import Pricing, as_pricing
 from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
+from ..integrations._adapters import adapter_named, parse_lora_modules
 from .args import build_parser
 from .observability import cmd_report, observed
 from .output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
@@ -80,6 +88,7 @@ def parse_request(record: Any) -> Request:
     request_id = record.pop("request_id", None)
     if request_id is not None and not isinstance(request_id, str):
         request_id = str(request_id)
+    adapter = record.pop("adapter", None)
     fields: dict[str, Sequence[str]] = {
         "generate": ("prompt", "params", "tools", "tool_choice"),
         "loglikelihood": ("context", "continuation"),
@@ -104,10 +113,13 @@ def parse_request(record: Any) -> Request:
                 # OpenAI's {"type": "function", "function": {...}} entries, read by GenerationRequest.
                 tools=record.get("tools") or (),
                 tool_choice=record.get("tool_choice", "auto"),
+                adapter=adapter,
             )
         if kind == "loglikelihood":
-            return LoglikelihoodRequest(record.get("context", ""), record.get("continuation", ""), request_id)
-        return RollingLoglikelihoodRequest(record.get("text", ""), request_id)
+            return LoglikelihoodRequest(
+                record.get("context", ""), record.get("continuation", ""), request_id, adapter=adapter
+            )
+        return RollingLoglikelihoodRequest(record.get("text", ""), request_id, adapter=adapter)
     except TypeError as exc:  # an unknown SamplingParams field
         raise InvalidRequestError(str(exc).replace("SamplingParams.__init__() got an ", "params: ")) from exc
 
@@ -274,12 +286,16 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if not requests:
         raise InvalidRequestError(f"no requests in {args.input}: nothing was sent and no output was written")
     run_options = _run_options(args)
+    check_adapter(args.adapter)  # a name that cannot be one must not cost an engine's start-up
     options = parse_options(args.option)
     pricing = _pricing(args.price)
     if pricing is not None:
         options["pricing"] = pricing
     if args.replicas:
         options["replicas"] = args.replicas  # the pool backend's replicas file
+    if "lora_modules" in options:
+        # A mapping on a command line: name=path pairs joined by | (or a JSON object, read as JSON already).
+        options["lora_modules"] = parse_lora_modules(options["lora_modules"], where="--option lora_modules")
     _check_required_options(args.backend, options)
     # Checked before the backend starts: a path that cannot be written must not cost an engine's start-up.
     _check_writable("--output", args.output)
@@ -298,6 +314,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         except KeyboardInterrupt as interrupt:
             _exit_during_start_up(exit_status(interrupt))
         stack.callback(get_loop_manager().run, backend.aclose())
+        # Every request through the wrapper names --adapter; one naming another fails alone, as it refuses.
+        backend = adapter_named(backend, args.adapter)
         if args.warm_up:
             _warm_up(backend, requests[0])
         metrics = RunMetrics()
@@ -306,7 +324,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         # Opened (truncated) only now that the backend and the metrics server are up: a start that fails
         # leaves a previous run's results as they were.
         sink = stack.enter_context(_open_output(args.output)) if args.output is not None else stdout
-        writer = RecordWriter(sink, requests)
+        writer = RecordWriter(sink, requests, adapter=args.adapter)
         try:
             stream_outcomes(
                 backend,

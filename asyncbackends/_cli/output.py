@@ -46,9 +46,16 @@ _REASONING_UNSET: dict[str, Any] = {
 _CLEANUP_TIMEOUT = 30.0
 
 
-def record(index: int, request: Request, outcome: Any) -> dict[str, Any]:
-    """The output record of one request: ``result`` or ``error``."""
+def record(index: int, request: Request, outcome: Any, adapter: str | None = None) -> dict[str, Any]:
+    """The output record of one request: ``result`` or ``error``.
+
+    ``adapter``: the one ``--adapter`` names for requests that name none themselves. The record's
+    ``adapter`` is left out for the base model, so records of runs without adapters stay as they were.
+    """
     line: dict[str, Any] = {"index": index, "request_id": request.request_id}
+    named = request.adapter if request.adapter is not None else adapter
+    if named is not None:
+        line["adapter"] = named
     if isinstance(outcome, AsyncBackendsError):
         line["error"] = {
             "type": type(outcome).__name__,
@@ -101,11 +108,15 @@ def results_only_stdout(stdout: TextIO) -> Iterator[TextIO]:
 
 
 class RecordWriter:
-    """Writes records in input order, each as soon as every earlier one is written, and flushes each."""
+    """Writes records in input order, each as soon as every earlier one is written, and flushes each.
 
-    def __init__(self, sink: TextIO, requests: Sequence[Request]) -> None:
+    ``adapter``: the ``--adapter`` every request was sent with, for the records of those naming none.
+    """
+
+    def __init__(self, sink: TextIO, requests: Sequence[Request], *, adapter: str | None = None) -> None:
         self._sink = sink
         self._requests = requests
+        self._adapter = adapter
         self._held: dict[int, Any] = {}
         self._next = 0
         self.written = 0
@@ -135,7 +146,10 @@ class RecordWriter:
         self._sink.flush()
 
     def _write(self, index: int, outcome: Any) -> None:
-        self._sink.write(json.dumps(record(index, self._requests[index], outcome), ensure_ascii=False) + "\n")
+        self._sink.write(
+            json.dumps(record(index, self._requests[index], outcome, self._adapter), ensure_ascii=False)
+            + "\n"
+        )
         self.written += 1
 
 

@@ -6,6 +6,9 @@ from the checkout); it registers the ``asyncbackends`` model API::
     inspect eval task.py --model asyncbackends/vllm//path/to/model -M enforce_eager=true
     inspect_ai.eval(task, model="asyncbackends/mock")
     inspect_ai.eval(task, model="asyncbackends/vllm/" + path)   # the rest of the name is the `model` option
+    inspect eval task.py --model asyncbackends/vllm/BASE:/ckpt/math-v3      # a LoRA adapter (inspect's form)
+    inspect eval task.py --model asyncbackends/vllm/BASE:math,asyncbackends/vllm/BASE:code \
+        -M lora_modules='math=/ckpt/math|code=/ckpt/code'                   # one engine, both adapters
 
 The model args (``-M``) are the backend's options, read as the ``asyncbackends`` command reads ``--option``;
 inspect's own ``base_url`` and ``api_key`` become the backend's URL and key options. Each request is one
@@ -22,6 +25,7 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from asyncbackends._install import missing_extra
@@ -54,6 +58,12 @@ from asyncbackends._timeouts import DEFAULT_IDLE, set_idle_timeout
 from asyncbackends._types import GenerationRequest, GenerationResult
 from asyncbackends._usage import pricing_of
 from asyncbackends.errors import BackendError, ContextLengthError, InvalidRequestError, RateLimitedError
+from asyncbackends.integrations._adapters import (
+    adapter_named,
+    merge_module,
+    module_from_path,
+    parse_lora_modules,
+)
 from asyncbackends.integrations._inspect_convert import (
     messages_of,
     model_output,
@@ -62,7 +72,7 @@ from asyncbackends.integrations._inspect_convert import (
     tools_of,
 )
 
-__all__ = ["AsyncBackendsAPI", "backend_options", "inspect_model"]
+__all__ = ["AsyncBackendsAPI", "backend_options", "inspect_model", "split_adapter"]
 
 _URL_OPTIONS = ("base_url", "url")
 _INSTANCE = "_asyncbackends_instance"  # the model arg `inspect_model` hands a built backend over in
@@ -130,6 +140,69 @@ def backend_options(
     return backend, options
 
 
+def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, dict[str, Any], str | None]:
+    """The model name without its LoRA adapter, the model args with the adapters' directories, the adapter.
+
+    inspect names an adapter ``<base>:<adapter>`` (its ``vllm`` provider's form); here the model part after
+    ``<backend>/`` is split at its last ``:``. The adapter part is:
+
+    - a name among ``lora_modules`` (``-M lora_modules=name=path|name=path``, or a JSON object);
+    - a local directory (it holds ``/`` or exists): served as the adapter named by the directory's name
+      (added to ``lora_modules``); only local directories, as the backend loads them (no hub download);
+    - else a name the backend serves by itself (an ``openai`` or ``tgi`` server's adapter, the mock's
+      ``adapters``).
+
+    ``-M adapter=NAME`` names it without the ``:`` form. A model path that holds ``:`` is the model whole
+    when it exists on disk; otherwise a base that still holds ``:`` after the split is refused as ambiguous.
+
+    Raises:
+        InvalidRequestError: An empty base or adapter around the ``:``, a base still holding ``:`` that is
+            not a local path, two different adapters named (``:`` and ``-M adapter``), a path that is not a
+            directory, a name not among ``lora_modules``, or one name for two directories.
+    """
+    options = dict(model_args)
+    modules = parse_lora_modules(options.pop("lora_modules", None), where="-M lora_modules")
+    given = options.pop("adapter", None)
+    adapter = None if given is None else str(given)
+    backend, slash, rest = model_name.partition("/")
+    named: str | None = None
+    if ":" in rest and not Path(rest).expanduser().exists():
+        base, _, named = rest.rpartition(":")
+        if not base or not named:
+            raise InvalidRequestError(
+                f"model {model_name!r}: expected asyncbackends/{backend}/<model>:<adapter>, with both parts"
+            )
+        if ":" in base and not Path(base).expanduser().exists():
+            raise InvalidRequestError(
+                f"model {model_name!r} holds more than one ':', and neither {rest!r} nor {base!r} is a local "
+                "path: which ':' starts the adapter is ambiguous; name the model alone and the adapter with "
+                "-M adapter=NAME (a directory's with -M lora_modules=NAME=PATH)"
+            )
+        model_name = f"{backend}{slash}{base}"
+    if named is not None and adapter is not None and named != adapter:
+        raise InvalidRequestError(
+            f"model {model_name!r} names adapter {named!r} and -M adapter names {adapter!r}: give one"
+        )
+    adapter = named if named is not None else adapter
+    if adapter is not None and (modules is None or adapter not in modules):
+        if "/" in adapter or Path(adapter).expanduser().is_dir():
+            if not Path(adapter).expanduser().is_dir():
+                raise InvalidRequestError(
+                    f"adapter {adapter!r} is not a local directory: adapters are loaded from local "
+                    "directories only (download it first, e.g. `hf download`, and give its path)"
+                )
+            name, path = module_from_path(adapter, where="the model name's adapter")
+            modules = merge_module(modules, name, path, where=f"the adapter directory {adapter!r}")
+            adapter = name
+        elif modules is not None:
+            raise InvalidRequestError(
+                f"adapter {adapter!r} is not among lora_modules {sorted(modules)} and is not a directory"
+            )
+    if modules is not None:
+        options["lora_modules"] = modules
+    return model_name, options, adapter
+
+
 @dataclass
 class _Shared:
     backend: AsyncBackend
@@ -187,12 +260,14 @@ class AsyncBackendsAPI(ModelAPI):
     """inspect's ``asyncbackends`` model API: any registered backend, built once per process.
 
     Args:
-        model_name: ``<backend>`` or ``<backend>/<model>`` (the part after ``asyncbackends/``).
+        model_name: ``<backend>``, ``<backend>/<model>`` or ``<backend>/<model>:<adapter>`` (the part after
+            ``asyncbackends/``; `split_adapter`).
         base_url: inspect's ``--model-base-url``: the backend's ``base_url`` or ``url`` option.
         api_key: The backend's ``api_key`` or ``token`` option.
         config: inspect's model config (the per-sample config arrives with each `generate`).
         **model_args: The backend's options (``-M key=value``); never ``model``, a name inspect keeps for
-            itself (the model goes in ``model_name``).
+            itself (the model goes in ``model_name``). ``adapter`` and ``lora_modules`` name a LoRA adapter
+            (`split_adapter`).
     """
 
     def __init__(
@@ -205,14 +280,22 @@ class AsyncBackendsAPI(ModelAPI):
     ) -> None:
         super().__init__(model_name, base_url, api_key, [], config)
         instance = model_args.pop(_INSTANCE, None)
+        self.adapter: str | None = None
         if instance is not None:  # `inspect_model`: the caller's backend, left open at close
             self.backend_name = instance.name
             model = getattr(instance, "model", None)
             self._setup(instance, None, model if isinstance(model, str) else "")
             return
-        self.backend_name, options = backend_options(model_name, model_args, base_url, api_key)
+        name, model_args, self.adapter = split_adapter(model_name, model_args)
+        self.backend_name, options = backend_options(name, model_args, base_url, api_key)
+        # Shared by every model with the same options: models naming different adapters of one
+        # lora_modules share one engine.
         key, backend = _acquire(self.backend_name, options)
-        self._setup(backend, key, str(options.get("model", "")))
+        try:
+            self._setup(adapter_named(backend, self.adapter), key, str(options.get("model", "")))
+        except BaseException:
+            get_loop_manager().run(_release(key))
+            raise
 
     def _setup(self, backend: AsyncBackend, key: str | None, model: str) -> None:
         self.backend = backend
@@ -261,6 +344,7 @@ class AsyncBackendsAPI(ModelAPI):
         )
         call = {
             "backend": self.backend_name,
+            **({"adapter": self.adapter} if self.adapter is not None else {}),
             "prompt": request.prompt,
             "params": _params_dict(params),
             "tools": [t.to_openai() for t in request.tools],

@@ -40,6 +40,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra(exc, __name__, "lighteval", "lighteval") from exc
 
+from asyncbackends._field_checks import check_adapter
 from asyncbackends._gather import RetryPolicy, run_batch
 from asyncbackends._loop import get_loop_manager
 from asyncbackends._protocol import AsyncBackend
@@ -56,6 +57,7 @@ from asyncbackends._types import (
     SamplingParams,
 )
 from asyncbackends.errors import ContextLengthError, InvalidRequestError
+from asyncbackends.integrations._adapters import adapter_named, parse_lora_modules
 from asyncbackends.integrations._failed_samples import FAILED_SCORE, eval_timeouts, length_failures
 from asyncbackends.integrations._thinking import answer_without_tags, check_tag_pairs
 
@@ -107,6 +109,12 @@ class AsyncBackendsModelConfig(CustomModelConfig):
             an end tag with no start (the template opened the thought) ends it, and no end tag at all (cut
             off by the token limit) is an empty answer. Stops then apply to the answer only. A backend that
             splits the thinking itself (`Completion.reasoning`) needs none.
+        adapter: The LoRA adapter every request names (`ab.with_adapter`): one of ``lora_modules``, or one
+            the backend serves by itself (an ``openai`` or ``tgi`` server's); ``None``: the base model. Part
+            of the config, so lighteval's sample cache keeps each adapter's answers apart.
+        lora_modules: The adapters the backend built from the config serves (its ``lora_modules`` option,
+            e.g. the ``vllm`` backend's): a mapping of names to directories, or as text ``name=path``
+            pairs joined by ``|`` (a bare path named by its directory) or a JSON object.
         model_definition_file_path: Where lighteval's loader finds the model class; this module by default.
     """
 
@@ -122,6 +130,20 @@ class AsyncBackendsModelConfig(CustomModelConfig):
     progress: bool = True
     ignore_generation_parameters: list[str] = Field(default_factory=list)
     reasoning_tags: list[tuple[str, str]] | None = None
+    adapter: str | None = None
+    lora_modules: dict[str, str] | None = None
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _lora_modules(cls, value: Any) -> dict[str, str] | None:
+        return parse_lora_modules(value)
+
+    @field_validator("adapter", mode="before")
+    @classmethod
+    def _adapter(cls, value: Any) -> str | None:
+        if value is not None:
+            check_adapter(value)
+        return value  # type: ignore[no-any-return]
 
     @field_validator("reasoning_tags", mode="before")
     @classmethod
@@ -134,6 +156,24 @@ class AsyncBackendsModelConfig(CustomModelConfig):
             except (ValueError, SyntaxError) as exc:
                 raise InvalidRequestError(f"reasoning_tags is not a list of pairs: {value!r}") from exc
         return check_tag_pairs(value)
+
+
+def _backend_options(config: AsyncBackendsModelConfig) -> dict[str, Any]:
+    """``backend_options`` with the config's ``lora_modules`` (given in one place or both, the same).
+
+    Raises:
+        InvalidRequestError: ``lora_modules`` in both places, different.
+    """
+    options = dict(config.backend_options)
+    if config.lora_modules is None:
+        return options
+    given = options.get("lora_modules")
+    if given is not None and parse_lora_modules(given) != config.lora_modules:
+        raise InvalidRequestError(
+            "lora_modules is given in the config and in backend_options, different: give it once"
+        )
+    options["lora_modules"] = config.lora_modules
+    return options
 
 
 class AsyncBackendsModel(LightevalModel):
@@ -161,9 +201,14 @@ class AsyncBackendsModel(LightevalModel):
         self.config = config
         _check_generation_parameters(config)
         self._owns_backend = backend is None
-        self.backend: AsyncBackend = (
-            backend if backend is not None else create_backend(config.backend, **config.backend_options)
-        )
+        if backend is None:
+            backend = create_backend(config.backend, **_backend_options(config))
+        self.backend: AsyncBackend = backend
+        try:
+            self.backend = adapter_named(backend, config.adapter)
+        except BaseException:
+            self.cleanup()  # a backend built here and refused must not outlive the error
+            raise
         self.retry = RetryPolicy(max_attempts=config.max_attempts)
         self._chat_by_default = _chat_by_default(self.tokenizer, config.use_chat_template, self._name)
         self.prompt_manager = PromptManager(self._chat(), self.tokenizer, config.system_prompt)

@@ -10,6 +10,12 @@ lm-eval has no plugin entry points for models: importing this module registers t
 
     python -m asyncbackends.integrations.lm_eval run --model asyncbackends --tasks hellaswag
         --model_args backend=vllm,model=/models/llama,dtype=float32,concurrency=64
+
+A LoRA adapter, as lm-eval's own ``vllm`` model takes it (``lora_local_path``), or one of several served by
+the engine (``lora_modules`` and ``adapter``)::
+
+    --model_args backend=vllm,model=/models/llama,lora_local_path=/ckpt/math-v3
+    --model_args backend=vllm,model=/models/llama,lora_modules=math=/ckpt/math|code=/ckpt/code,adapter=math
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from .._types import (
 )
 from .._wrappers.limited import limited
 from ..errors import ContextLengthError, InvalidRequestError
+from ._adapters import adapter_named, merge_module, module_from_path, parse_lora_modules
 from ._closing import close_when_dropped
 from ._failed_samples import FAILED_LOGPROB, eval_timeouts, length_failures
 from ._lm_eval_chat import chat_prompt, encode_history, refuse_chat_scoring
@@ -82,6 +89,38 @@ def _concurrency(concurrency: int | None, batch_size: Any) -> int | None:
     return None
 
 
+def _lora_options(
+    backend_options: dict[str, Any], lora_local_path: Any, lora_modules: Any, adapter: Any
+) -> str | None:
+    """Put the adapters' directories in ``backend_options`` (``lora_modules``); return the adapter to name.
+
+    Raises:
+        InvalidRequestError: ``lora_local_path`` and an ``adapter`` naming another, or ``lora_modules``
+            with no ``adapter`` to say which of them this model evaluates.
+    """
+    modules = parse_lora_modules(lora_modules)
+    # lm-eval reads a name such as "3" as a number.
+    named = None if adapter is None else str(adapter)
+    if lora_local_path is not None:
+        name, path = module_from_path(str(lora_local_path), where="lora_local_path")
+        if named is not None and named != name:
+            raise InvalidRequestError(
+                f"lora_local_path is adapter {name!r} (its directory's name) and adapter={named!r} names "
+                "another: give one of them"
+            )
+        modules = merge_module(modules, name, path, where="lora_local_path")
+        named = name
+    elif modules is not None and named is None:
+        # Evaluating the base on an engine loaded with adapters is never what lora_modules was given for.
+        raise InvalidRequestError(
+            f"lora_modules gives adapters {sorted(modules)}: name the one this model evaluates with "
+            "adapter=NAME (one model per adapter; leave lora_modules out to evaluate the base)"
+        )
+    if modules is not None:
+        backend_options["lora_modules"] = modules
+    return named
+
+
 class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type information
     """An lm-eval model that sends every request through an asyncbackends backend.
 
@@ -106,6 +145,14 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         budget_tokens: The most tokens the whole evaluation may spend (every request type's run together);
             a request it cannot cover is not sent and the evaluation ends with `BudgetExceededError` (a rerun
             on the same ``cache`` with a larger budget sends only what was not sent).
+        lora_local_path: A LoRA adapter's directory, as lm-eval's ``vllm`` model takes it: the backend built
+            by name serves it (``lora_modules={<its directory's name>: path}``) and every request of this
+            model names it.
+        lora_modules: The adapters the backend built by name serves (its ``lora_modules`` option): a mapping,
+            or ``name=path`` pairs joined by ``|`` (a comma would split lm-eval's ``--model_args``), or a
+            JSON object. ``adapter`` says which one this model evaluates.
+        adapter: The adapter every request of this model names (`ab.with_adapter`), among ``lora_modules``
+            or the ones a backend object serves; ``None``: the base model.
         budget_cost: The most the whole evaluation may cost at the backend's prices (``price_input=``,
             ``price_output=``, ``price_cached_input=``, ``price_reasoning=`` per 1M tokens, given as options
             of a backend built by name).
@@ -130,6 +177,9 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         think_end_token: str | None = None,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        lora_local_path: str | None = None,
+        lora_modules: Any = None,
+        adapter: str | None = None,
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
@@ -144,6 +194,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
         }
         if prices:
             backend_options["pricing"] = prices
+        adapter = _lora_options(backend_options, lora_local_path, lora_modules, adapter)
         if isinstance(backend, str):
             self.backend: AsyncBackend = create_backend(backend, **backend_options)
             close_when_dropped(self, self.backend)  # lm-eval never calls close()
@@ -154,6 +205,10 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
             )
         else:
             self.backend = backend
+        # Read before any wrapper hides it (wrappers forward side doors, not the model's name).
+        self._model_name = str(getattr(self.backend, "model", ""))
+        self.adapter = adapter
+        self.backend = adapter_named(self.backend, adapter)
         if budget_tokens is not None or budget_cost is not None:
             # One budget for the evaluation's several runs: a wrapper holds it, as any limit outliving a run.
             self.backend = limited(self.backend, budget=Budget(tokens=budget_tokens, cost=budget_cost))
@@ -177,7 +232,7 @@ class AsyncBackendsLM(LM):  # type: ignore[misc]  # lm-eval ships no type inform
     @property
     def tokenizer_name(self) -> str:
         """What renders chat prompts (the backend), for lm-eval's request-cache fingerprint."""
-        return f"asyncbackends/{self.backend_name}/{getattr(self.backend, 'model', '')}"
+        return f"asyncbackends/{self.backend_name}/{self._model_name}"
 
     def chat_template(self, chat_template: bool | str = False) -> str:
         """The backend applies its model's own template: nothing to choose here (lm-eval's fingerprint)."""
