@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .cache_commands import add_cache_parser
 from .observability import add_observability_options, add_report_command
 
 __all__ = ["build_parser"]
@@ -18,6 +19,8 @@ examples:
       --option max_model_len=4096 --cache run.sqlite > results.jsonl
   asyncbackends run requests.jsonl --backend tgi --option url=http://localhost:8080 --concurrency 64
   asyncbackends cache stats run.sqlite
+  asyncbackends cache export run.sqlite --output entries.jsonl
+  asyncbackends cache prune run.sqlite --older-than 30
   asyncbackends contract mock -- -x
 
 Results go to --output or stdout (one JSON record per input line, in input order); logs, progress and
@@ -127,9 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the first request once before the run, untimed and not written (engine warm-up)",
     )
 
-    cache = sub.add_parser("cache", help="inspect or clear a response cache")
-    cache.add_argument("action", choices=["stats", "clear"])
-    cache.add_argument("path")
+    add_cache_parser(sub)
 
     contract = sub.add_parser("contract", help="run the adapter contract suite against a registered adapter")
     contract.add_argument("name", help="adapter name")

@@ -8,7 +8,7 @@ asyncbackends run INPUT.jsonl --backend vllm --option model=BASE --option lora_m
 asyncbackends run INPUT.jsonl ... --adapter NAME
 asyncbackends run ... [--metrics-file RUN.jsonl] [--metrics-port PORT]
 asyncbackends report RUN.jsonl [--output REPORT.html]
-asyncbackends cache stats|clear PATH
+asyncbackends cache stats|export|prune|clear PATH
 asyncbackends contract NAME [--option k=v ...] [--failing-option k=v ...] [--slot-limit-option NAME]
 ```
 
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from .._budget import Budget
-from .._cache import ResponseCache
 from .._field_checks import check_adapter
 from .._gather import RetryPolicy, run_batch
 from .._install import pip_install
@@ -66,6 +65,7 @@ from .._usage import Pricing, as_pricing
 from ..errors import AsyncBackendsError, BackendNotFoundError, InvalidRequestError
 from ..integrations._adapters import adapter_named, parse_lora_modules
 from .args import build_parser
+from .cache_commands import cmd_cache
 from .observability import cmd_report, observed
 from .output import RecordWriter, RunInterrupted, results_only_stdout, stream_outcomes
 from .signals import engines_in_own_group, exit_status, interrupt_on_termination
@@ -345,21 +345,6 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if metrics.failed else 0
 
 
-def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
-    path = Path(args.path)
-    if not path.exists():
-        raise InvalidRequestError(f"no cache at {path}")
-    cache = ResponseCache(path)
-    try:
-        if args.action == "stats":
-            out.write(json.dumps(cache.stats(), indent=2) + "\n")
-        else:
-            out.write(f"removed {cache.clear()} entries from {path}\n")
-    finally:
-        cache.close()
-    return 0
-
-
 def _cmd_contract(args: argparse.Namespace, out: TextIO) -> int:
     if importlib.util.find_spec("pytest") is None:
         raise BackendNotFoundError(f"the contract suite runs on pytest: {pip_install('testing')}")
@@ -403,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "list": _cmd_list,
         "run": _cmd_run,
-        "cache": _cmd_cache,
+        "cache": cmd_cache,
         "contract": _cmd_contract,
         "report": cmd_report,
     }
