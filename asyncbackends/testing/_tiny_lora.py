@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._install import pip_install
 from ._model_dir import build_atomically
 
 __all__ = ["TINY_LORA_TARGET_MODULES", "build_tiny_lora"]
@@ -37,7 +38,7 @@ TINY_LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
 """The Llama projections the adapter covers (all that vLLM applies LoRA to in a Llama's decoder layers)."""
 
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-_PEFT_HINT = "pip install peft (or: pip install 'asyncbackends[lora]')"
+_PEFT_HINT = f"pip install peft (or: {pip_install('lora')})"
 
 
 def build_tiny_lora(
