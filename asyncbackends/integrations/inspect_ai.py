@@ -143,30 +143,35 @@ def backend_options(
 def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, dict[str, Any], str | None]:
     """The model name without its LoRA adapter, the model args with the adapters' directories, the adapter.
 
-    inspect names an adapter ``<base>:<adapter>`` (its ``vllm`` provider's form); here the model part after
-    ``<backend>/`` is split at its last ``:``. The adapter part is:
+    inspect names an adapter ``<base>:<adapter>`` (its ``vllm`` provider's form). For a backend that loads
+    adapters itself (it takes a ``lora_modules`` option: ``vllm``), the model part after ``<backend>/`` is
+    split at its last ``:``, and the adapter part is:
 
     - a name among ``lora_modules`` (``-M lora_modules=name=path|name=path``, or a JSON object);
-    - a local directory (it holds ``/`` or exists): served as the adapter named by the directory's name
-      (added to ``lora_modules``); only local directories, as the backend loads them (no hub download);
-    - else a name the backend serves by itself (an ``openai`` or ``tgi`` server's adapter, the mock's
-      ``adapters``).
+    - else a local directory: served as the adapter named by the directory's name (added to
+      ``lora_modules``); only local directories, as the backend loads them (no hub download).
 
-    ``-M adapter=NAME`` names it without the ``:`` form. A model path that holds ``:`` is the model whole
-    when it exists on disk; otherwise a base that still holds ``:`` after the split is refused as ambiguous.
+    Other backends' model names are taken whole, since server model names hold ``:`` (OpenAI's ``ft:...``,
+    Ollama's ``llama3:8b``): ``-M adapter=NAME`` names an adapter their server serves. ``-M adapter`` works
+    for every backend. A model path holding ``:`` is the model, whole, when it exists on disk; a base still
+    holding ``:`` after the split and not on disk is refused as ambiguous.
 
     Raises:
         InvalidRequestError: An empty base or adapter around the ``:``, a base still holding ``:`` that is
             not a local path, two different adapters named (``:`` and ``-M adapter``), a path that is not a
-            directory, a name not among ``lora_modules``, or one name for two directories.
+            directory, a name not among ``lora_modules``, one name for two directories, or an adapter
+            directory for a backend that loads none.
+        BackendNotFoundError: Unknown backend, or its extra is not installed.
     """
     options = dict(model_args)
     modules = parse_lora_modules(options.pop("lora_modules", None), where="-M lora_modules")
     given = options.pop("adapter", None)
     adapter = None if given is None else str(given)
     backend, slash, rest = model_name.partition("/")
+    accepted = _accepted(backend) if backend else set()
+    loads_adapters = accepted is None or "lora_modules" in accepted
     named: str | None = None
-    if ":" in rest and not Path(rest).expanduser().exists():
+    if loads_adapters and ":" in rest and not Path(rest).expanduser().exists():
         base, _, named = rest.rpartition(":")
         if not base or not named:
             raise InvalidRequestError(
@@ -184,21 +189,22 @@ def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, 
             f"model {model_name!r} names adapter {named!r} and -M adapter names {adapter!r}: give one"
         )
     adapter = named if named is not None else adapter
-    if adapter is not None and (modules is None or adapter not in modules):
-        if "/" in adapter or Path(adapter).expanduser().is_dir():
-            if not Path(adapter).expanduser().is_dir():
-                raise InvalidRequestError(
-                    f"adapter {adapter!r} is not a local directory: adapters are loaded from local "
-                    "directories only (download it first, e.g. `hf download`, and give its path)"
-                )
-            name, path = module_from_path(adapter, where="the model name's adapter")
-            modules = merge_module(modules, name, path, where=f"the adapter directory {adapter!r}")
-            adapter = name
-        elif modules is not None:
+    if loads_adapters and adapter is not None and (modules is None or adapter not in modules):
+        if not Path(adapter).expanduser().is_dir():
+            known = f"not among lora_modules {sorted(modules)}" if modules else "given no lora_modules"
             raise InvalidRequestError(
-                f"adapter {adapter!r} is not among lora_modules {sorted(modules)} and is not a directory"
+                f"adapter {adapter!r}: {known}, and not a local directory (adapters are loaded from local "
+                "directories only: download one first, e.g. `hf download`, and give its path)"
             )
+        name, path = module_from_path(adapter, where="the model name's adapter")
+        modules = merge_module(modules, name, path, where=f"the adapter directory {adapter!r}")
+        adapter = name
     if modules is not None:
+        if not loads_adapters:
+            raise InvalidRequestError(
+                f"backend {backend!r} loads no adapter directories (it takes no lora_modules option): "
+                "name an adapter its server serves with -M adapter=NAME"
+            )
         options["lora_modules"] = modules
     return model_name, options, adapter
 
@@ -260,7 +266,7 @@ class AsyncBackendsAPI(ModelAPI):
     """inspect's ``asyncbackends`` model API: any registered backend, built once per process.
 
     Args:
-        model_name: ``<backend>``, ``<backend>/<model>`` or ``<backend>/<model>:<adapter>`` (the part after
+        model_name: ``<backend>``, ``<backend>/<model>``, or ``vllm/<model>:<adapter>`` (the part after
             ``asyncbackends/``; `split_adapter`).
         base_url: inspect's ``--model-base-url``: the backend's ``base_url`` or ``url`` option.
         api_key: The backend's ``api_key`` or ``token`` option.

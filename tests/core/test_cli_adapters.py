@@ -1,7 +1,7 @@
 """``asyncbackends run`` with LoRA adapters: ``--adapter``, a line's own ``adapter``, ``lora_modules`` as text.
 
 On the mock (its adapters echo ``[name] ``) and on a mock that takes ``lora_modules`` as the ``vllm``
-backend does (tests/lora_mock.py); the real engine in test_cli_adapters_vllm.py.
+backend does (tests/lora_testing.py); the real engine in test_cli_adapters_vllm.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import asyncbackends as ab
 from asyncbackends._cli.main import main, parse_request
-from tests.lora_mock import NAME as LORA_MOCK
+from tests.lora_testing import NAME as LORA_MOCK
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> Path:

