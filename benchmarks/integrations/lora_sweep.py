@@ -3,10 +3,10 @@
 How users sweep adapters today: one ``lm_eval --model vllm --model_args pretrained=BASE,lora_local_path=A``
 run per adapter, each starting its own engine. Here: one process, one ``vllm`` backend serving every adapter
 (``lora_modules``), one ``AsyncBackendsLM`` per adapter through ``ab.with_adapter``, the adapters evaluated
-one after another on the same engine. Both sides run the same two local tasks (those of
-``benchmarks/integrations/lm_eval_speed.py``: ``--mc`` multiple-choice documents, four choices each, and
-``--gen`` greedy generations) with ``log_samples=True``, on the tiny model and ``--adapters`` tiny random
-LoRAs (``build_tiny_lora``, rank 8).
+at once in threads (``--sequential``: one after another) on the same engine. Both sides run the same two
+local tasks (those of ``benchmarks/integrations/lm_eval_speed.py``: ``--mc`` multiple-choice documents, four
+choices each, and ``--gen`` greedy generations) with ``log_samples=True``, on the tiny model and
+``--adapters`` tiny random LoRAs (``build_tiny_lora``, rank 8).
 
 Each process is fresh and is timed whole from the parent (interpreter start, engine start, every evaluation),
 since engine starts are what a sweep of separate runs pays again per adapter. Rounds alternate which side
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,9 @@ def _samples(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def child(mode: str, folder: Path, model: str, adapters: dict[str, str], batch_size: str) -> dict[str, Any]:
+def child(
+    mode: str, folder: Path, model: str, adapters: dict[str, str], batch_size: str, parallel: bool
+) -> dict[str, Any]:
     """Evaluate every adapter of ``adapters`` (ours) or the one adapter given (lm-eval); every sample."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -81,11 +84,22 @@ def child(mode: str, folder: Path, model: str, adapters: dict[str, str], batch_s
         from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
         engine = ab.create_backend("vllm", model=model, lora_modules=adapters, **ENGINE_OPTIONS)
-        for name in adapters:
+
+        def evaluate(name: str) -> dict[str, Any]:
             lm = AsyncBackendsLM(ab.with_adapter(engine, name), progress=False)
-            results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, log_samples=True)
+            # A task manager each: evaluations in threads share nothing of lm-eval's but the engine.
+            tasks = TaskManager(include_path=str(folder), include_defaults=False)
+            results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=tasks, log_samples=True)
             assert results is not None
-            samples[name] = _samples(results)
+            return _samples(results)
+
+        if parallel:
+            # One thread an adapter: their requests meet in the engine's batches (vLLM's multi-LoRA), which
+            # one-after-another evaluations never give it.
+            with ThreadPoolExecutor(len(adapters)) as pool:
+                samples = dict(zip(adapters, pool.map(evaluate, adapters), strict=True))
+        else:
+            samples = {name: evaluate(name) for name in adapters}
         engine.close()
     return {"mode": mode, "inside": time.perf_counter() - started, "samples": samples, "special": special}
 
@@ -95,7 +109,7 @@ def _run(
 ) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--folder", str(folder)]
     command += ["--model", args.model, "--out", str(out), "--adapter-paths", json.dumps(adapters)]
-    command += ["--batch-size", args.batch_size]
+    command += ["--batch-size", args.batch_size] + (["--sequential"] if args.sequential else [])
     start = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -141,6 +155,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", help="base model directory (default: the tiny test model)")
     parser.add_argument("--batch-size", default="1", help='lm-eval vllm batch_size ("auto" on a GPU)')
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="ours: evaluate the adapters one after another, not in threads",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -154,9 +173,8 @@ def main() -> None:
 
         args.model = str(build_tiny_model())
     if args.child:
-        report = child(
-            args.child, Path(args.folder), args.model, json.loads(args.adapter_paths), args.batch_size
-        )
+        paths = json.loads(args.adapter_paths)
+        report = child(args.child, Path(args.folder), args.model, paths, args.batch_size, not args.sequential)
         Path(args.out).write_text(json.dumps(report))
         # As lm_eval_speed.py: an offline LLM never shut down can keep the process alive; the figures are out.
         import psutil
