@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,8 @@ REQUIRED_SCHEMA = {
         ],
     },
 }
+# What ChatPath reads the engine from (a backend's EngineRestarts): no engine, for checks that need none.
+_NO_ENGINE = types.SimpleNamespace(engine=None)
 HERMES_CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 # Room for the whole call: under the regex the engine spells it mostly one character a token (69 characters;
 # `<tool_call>` itself came as ten tokens, not as the added token), so 40 tokens cut it inside the arguments.
@@ -262,7 +265,7 @@ def test_auto_tool_choice_decodes_special_tokens_as_vllms_server(vlm_backend: An
 
     from asyncbackends.adapters.vllm._chat import ChatPath
 
-    path = ChatPath(engine=vlm_backend.engine, backend="vllm", tool_parser="hermes")
+    path = ChatPath(vlm_backend._restarts, "vllm", tool_parser="hermes")
     messages = CASES["tools_none"][0]
     auto = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="auto")
     none = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="none")
@@ -283,8 +286,8 @@ def test_auto_tool_choice_without_a_parser_is_refused_naming_the_option() -> Non
 
     request = ab.GenerationRequest([{"role": "user", "content": "hi"}], tools=(ADD,))
     with pytest.raises(ab.RequestRejectedError, match="tool_parser"):
-        ChatPath(engine=None, backend="vllm").check(request)
-    ChatPath(engine=None, backend="vllm", tool_parser="hermes").check(request)  # accepted with one
+        ChatPath(_NO_ENGINE, "vllm").check(request)
+    ChatPath(_NO_ENGINE, "vllm", tool_parser="hermes").check(request)  # accepted with one
 
 
 def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
@@ -301,7 +304,7 @@ def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
         tools=(ADD,),
     )
     with pytest.raises(ab.RequestRejectedError) as refused:
-        ChatPath(engine=None, backend="vllm").check(second_turn)
+        ChatPath(_NO_ENGINE, "vllm").check(second_turn)
     message = str(refused.value)
     assert "switch a forced tool choice" in message and "-M tool_parser=hermes" in message
     assert "or name a tool" not in message  # the advice the user had already followed

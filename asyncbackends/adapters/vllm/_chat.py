@@ -87,19 +87,25 @@ def check_parser_name(option: str, name: str | None, known: Iterable[str], *, ba
 
 @dataclasses.dataclass
 class ChatPath:
-    """How one engine renders chat with images and tools, and reads tool calls back.
+    """How one backend's engine renders chat with images and tools, and reads tool calls back.
 
     Args:
-        engine: The ``AsyncLLM``.
+        restarts: The backend's `EngineRestarts`: the engine serving now (``AsyncLLM``), the one a restart
+            started after a death too.
         backend: The backend's name, for errors.
         tool_parser: vLLM's name of the parser for ``"auto"`` tool choice, or ``None``.
         allow_remote_images: Whether http(s) image URLs may be fetched by the engine.
     """
 
-    engine: Any
+    restarts: Any
     backend: str
     tool_parser: str | None = None
     allow_remote_images: bool = False
+
+    def __post_init__(self) -> None:
+        engine = self.restarts.engine
+        # Read once: an engine started again has the same options, so the same tokenizer.
+        self._tokenizer: Any = engine.get_tokenizer() if engine is not None else None
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse, before anything is rendered or sent, what this engine's options do not allow.
@@ -142,9 +148,10 @@ class ChatPath:
             RequestRejectedError: What `check` refuses, or the engine cannot render the messages.
         """
         self.check(request)
+        engine = await self.restarts.current(request.request_id)  # after a restart under way, if any
         body = self._openai_request(request)
         tools = None if body.tools is None else [tool.model_dump() for tool in body.tools]
-        config = self.engine.model_config
+        config = engine.model_config
         media = config.multimodal_config.media_io_kwargs if config.multimodal_config else None
         params = body.build_chat_params(None, "auto").with_defaults(
             merge_kwargs(None, dict(tools=tools, tokenize=False)), default_media_io_kwargs=media
@@ -153,7 +160,7 @@ class ChatPath:
             warnings.simplefilter("ignore", DeprecationWarning)
             tok_params = body.build_tok_params(config)
         try:
-            _, prompts = await self.engine.renderer.render_chat_async([body.messages], params, tok_params)
+            _, prompts = await engine.renderer.render_chat_async([body.messages], params, tok_params)
         except Exception as exc:  # the template refuses the messages, an image does not decode, too long
             raise RequestRejectedError(
                 f"{self.backend}: cannot render the chat: {type(exc).__name__}: {exc}",
@@ -196,7 +203,7 @@ class ChatPath:
     def _parser(self, request: GenerationRequest) -> Any:
         parser_class = ToolParserManager.get_tool_parser(self.tool_parser)  # type: ignore[arg-type]
         tools = self._openai_request(request).tools
-        return parser_class(self.engine.get_tokenizer(), tools)
+        return parser_class(self._tokenizer, tools)
 
     def tool_calls(
         self, request: GenerationRequest, completions: tuple[Completion, ...]
