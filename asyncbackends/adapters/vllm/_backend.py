@@ -278,8 +278,8 @@ class VLLMBackend(BaseBackend):
 
     @property
     def _engine(self) -> AsyncLLM | None:
-        """The engine now (dead, alive, or ``None`` once closed or while a restart is between engines)."""
-        engine: AsyncLLM | None = self._restarts.engine
+        """The engine started last, dead or alive (`EngineRestarts.latest`); ``None`` once closed."""
+        engine: AsyncLLM | None = self._restarts.latest
         return engine
 
     # -- generation --------------------------------------------------------------------------------------

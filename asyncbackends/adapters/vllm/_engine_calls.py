@@ -142,7 +142,7 @@ class EngineCalls:
             # that fits is generated up to max_model_len, finish reason "length", as vLLM does).
             kind = ContextLengthError if says_context_length(str(exc)) else RequestRejectedError
             return kind(f"vllm: {exc}", backend=name, request_id=request_id)
-        engine = self._restarts.engine
+        engine = self._restarts.latest  # the dead one, after a death that started a restart
         if self._closed() or (engine is not None and engine.errored):
             return self._dead(exc, request_id)
         return BackendError(
