@@ -94,7 +94,9 @@ class VLLMBackend(BaseBackend):
         )
         self._run = calls.run  # one engine request, sent again after a restart (`EngineCalls.run`)
         reasoning_parser = options.reasoning_parser
-        self._chat = ChatPath(restarts, self.name, options.tool_parser, options.allow_remote_images)
+        self._chat = ChatPath(
+            restarts, self.name, options.tool_parser, options.allow_remote_images, reasoning_parser
+        )
         self._reasoning = ReasoningPath(engine, reasoning_parser) if reasoning_parser else None
         multimodal = bool(engine.model_config.is_multimodal_model)
         self._not_multimodal = {} if multimodal else {"images": f"{model!r} is not a multimodal model"}
