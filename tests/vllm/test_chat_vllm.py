@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,8 @@ REQUIRED_SCHEMA = {
         ],
     },
 }
+# What ChatPath reads the engine from (a backend's EngineRestarts): no engine, for checks that need none.
+_NO_ENGINE = types.SimpleNamespace(engine=None)
 HERMES_CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 # Room for the whole call: under the regex the engine spells it mostly one character a token (69 characters;
 # `<tool_call>` itself came as ten tokens, not as the added token), so 40 tokens cut it inside the arguments.
@@ -99,6 +102,7 @@ CASES: dict[str, tuple[list[Any], tuple[ab.Tool, ...], str, dict[str, Any]]] = {
     "required": ([{"role": "user", "content": "say hi"}], (ADD, ECHO), "required", {"json": REQUIRED_SCHEMA}),
     "second_turn": (SECOND_TURN, (ADD,), "none", {}),
 }
+FORCED = ["named", "required"]  # compared on a backend without tool_parser (`no_parser_backend`)
 
 
 def _as_served(tools: tuple[ab.Tool, ...]) -> list[dict[str, Any]] | None:
@@ -168,6 +172,20 @@ def vlm_backend(vlm: str, _reference: Any, _lm_eval_started: Any) -> Iterator[An
     backend.close()
 
 
+@pytest.fixture
+def no_parser_backend(vlm_backend: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``vlm_backend`` as a backend built without ``tool_parser`` renders and reads chats (its ChatPath).
+
+    Without a parser a named or required choice is constrained by vLLM's JSON schema of the call, which the
+    offline reference is given; with the hermes parser it is the server's structural tag
+    (tests/parity/test_vllm_serve_tool_calls.py).
+    """
+    from asyncbackends.adapters.vllm._chat import ChatPath
+
+    monkeypatch.setattr(vlm_backend, "_chat", ChatPath(vlm_backend._restarts, "vllm"))
+    return vlm_backend
+
+
 def _request(name: str, **overrides: Any) -> ab.GenerationRequest:
     messages, tools, choice, _ = CASES[name]
     params = ab.SamplingParams(**{"max_tokens": MAX_TOKENS, "temperature": 0.0, **overrides})
@@ -178,9 +196,19 @@ def test_capabilities_claim_images_and_tools(vlm_backend: Any) -> None:
     assert vlm_backend.capabilities.images and vlm_backend.capabilities.tools
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [name for name in CASES if name not in FORCED])
 def test_greedy_tokens_equal_offline_llm_chat(vlm_backend: Any, reference: dict[str, Any], name: str) -> None:
     (result,) = ab.run_batch(vlm_backend, [_request(name)])
+    expected = reference[name]
+    assert result.prompt_tokens == len(expected["prompt"])
+    assert list(result.completions[0].token_ids) == expected["tokens"]
+
+
+@pytest.mark.parametrize("name", FORCED)
+def test_forced_choice_without_a_parser_equals_offline_llm_chat_given_the_json_schema(
+    no_parser_backend: Any, reference: dict[str, Any], name: str
+) -> None:
+    (result,) = ab.run_batch(no_parser_backend, [_request(name)])
     expected = reference[name]
     assert result.prompt_tokens == len(expected["prompt"])
     assert list(result.completions[0].token_ids) == expected["tokens"]
@@ -192,11 +220,12 @@ def test_images_reach_the_model(reference: dict[str, Any]) -> None:
     assert reference["image"]["tokens"] != reference["image_with_history"]["tokens"]
 
 
-def test_named_tool_choice_is_a_call_with_arguments_by_its_schema(
-    vlm_backend: Any, reference: dict[str, Any]
+def test_named_tool_choice_without_a_parser_is_a_call_with_arguments_by_its_schema(
+    no_parser_backend: Any, reference: dict[str, Any]
 ) -> None:
     import jsonschema
 
+    vlm_backend = no_parser_backend
     (result,) = ab.run_batch(vlm_backend, [_request("named", max_tokens=40)])
     completion = result.completions[0]
     (call,) = completion.tool_calls
@@ -209,21 +238,21 @@ def test_named_tool_choice_is_a_call_with_arguments_by_its_schema(
 
 
 def test_named_tool_choice_equals_llm_chat_given_the_tools_which_a_reference_without_them_does_not(
-    vlm_backend: Any, reference: dict[str, Any]
+    no_parser_backend: Any, reference: dict[str, Any]
 ) -> None:
     # Issue 44 item 10: the adapter's tokens for tool_choice="add" differed from LLM.chat(...,
     # structured_outputs=json schema). The adapter renders the tools into the prompt, as vllm serve does; the
     # reference matches it only when LLM.chat is given tools= too. Without them the template renders no tools,
     # so the prompt (and from it the tokens) differ: the reference side differed, not the constraint.
-    (result,) = ab.run_batch(vlm_backend, [_request("named", max_tokens=24)])
+    (result,) = ab.run_batch(no_parser_backend, [_request("named", max_tokens=24)])
     given, without = reference["named_24"], reference["named_24_no_tools"]
     assert result.prompt_tokens == len(given["prompt"])
     assert list(result.completions[0].token_ids) == given["tokens"]
     assert len(without["prompt"]) < len(given["prompt"])  # no tool definitions rendered
 
 
-def test_required_tool_choice_is_a_list_of_calls(vlm_backend: Any) -> None:
-    (result,) = ab.run_batch(vlm_backend, [_request("required", max_tokens=60)])
+def test_required_tool_choice_without_a_parser_is_a_list_of_calls(no_parser_backend: Any) -> None:
+    (result,) = ab.run_batch(no_parser_backend, [_request("required", max_tokens=60)])
     completion = result.completions[0]
     if completion.finish_reason == "length":
         assert completion.tool_calls == ()
@@ -262,7 +291,7 @@ def test_auto_tool_choice_decodes_special_tokens_as_vllms_server(vlm_backend: An
 
     from asyncbackends.adapters.vllm._chat import ChatPath
 
-    path = ChatPath(engine=vlm_backend.engine, backend="vllm", tool_parser="hermes")
+    path = ChatPath(vlm_backend._restarts, "vllm", tool_parser="hermes")
     messages = CASES["tools_none"][0]
     auto = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="auto")
     none = ab.GenerationRequest(messages, tools=(ADD,), tool_choice="none")
@@ -283,8 +312,8 @@ def test_auto_tool_choice_without_a_parser_is_refused_naming_the_option() -> Non
 
     request = ab.GenerationRequest([{"role": "user", "content": "hi"}], tools=(ADD,))
     with pytest.raises(ab.RequestRejectedError, match="tool_parser"):
-        ChatPath(engine=None, backend="vllm").check(request)
-    ChatPath(engine=None, backend="vllm", tool_parser="hermes").check(request)  # accepted with one
+        ChatPath(_NO_ENGINE, "vllm").check(request)
+    ChatPath(_NO_ENGINE, "vllm", tool_parser="hermes").check(request)  # accepted with one
 
 
 def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
@@ -301,7 +330,7 @@ def test_auto_after_a_forced_call_says_what_happened_and_what_to_pass() -> None:
         tools=(ADD,),
     )
     with pytest.raises(ab.RequestRejectedError) as refused:
-        ChatPath(engine=None, backend="vllm").check(second_turn)
+        ChatPath(_NO_ENGINE, "vllm").check(second_turn)
     message = str(refused.value)
     assert "switch a forced tool choice" in message and "-M tool_parser=hermes" in message
     assert "or name a tool" not in message  # the advice the user had already followed

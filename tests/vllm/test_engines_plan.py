@@ -1,7 +1,7 @@
 """The plan behind ``create_backend("vllm", engines=N)``: options, devices, memory split, which engines start
 at once, the auto rule.
 
-No engine starts here: `VLLMBackend._start_engines` runs on a subclass whose one-engine build (`_build`)
+No engine starts here: `start_engines` runs the one-engine build (`_build`) of a `VLLMBackend` subclass, which
 starts nothing, so what each engine would be started with (its options and environment) is read directly.
 """
 
@@ -25,6 +25,8 @@ from asyncbackends.adapters.vllm._engine_plan import (
     visible_devices,
 )
 from asyncbackends.adapters.vllm._engine_pool import VLLMEnginesBackend
+from asyncbackends.adapters.vllm._engine_start import start_engines
+from asyncbackends.adapters.vllm._options import DEFAULT_OPTIONS
 from asyncbackends.errors import InvalidRequestError
 
 GIB = 1 << 30
@@ -204,11 +206,17 @@ class _Adapter(VLLMBackend):
 
     @classmethod
     async def _build(
-        cls, model: str, options: dict[str, Any], *, env: Any, start_group: object | None = None, **own: Any
+        cls,
+        model: str,
+        engine_args: dict[str, Any],
+        *,
+        env: Any,
+        start_group: object | None = None,
+        **own: Any,
     ) -> _Built:
         cls.labels.append(own.get("label"))  # the restart log's name for the engine
         await cls.starting(own.get("label"))
-        cls.built.append(cls.engine(options, env))
+        cls.built.append(cls.engine(engine_args, env))
         cls.groups.append(start_group)
         return cls.built[-1]
 
@@ -233,7 +241,9 @@ def _create(
     monkeypatch.setattr(_vllm_checks, "_device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
     _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
-    return asyncio.run(_Adapter._start_engines("/models/x", engines, routing, dict(args), {}))
+    return asyncio.run(
+        start_engines(_Adapter._build, "/models/x", engines, routing, dict(args), DEFAULT_OPTIONS)
+    )
 
 
 def test_the_engines_start_each_engine_from_its_plan_behind_one_routed_backend(
@@ -290,7 +300,7 @@ def test_auto_on_a_small_model_builds_six_engines_a_gpu(
     monkeypatch.setattr(_vllm_checks, "_device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _Adapter.built, _Adapter.groups, _Adapter.labels = [], [], []
-    backend = asyncio.run(_Adapter._start_engines(str(tmp_path), "auto", None, {}, {}))
+    backend = asyncio.run(start_engines(_Adapter._build, str(tmp_path), "auto", None, {}, DEFAULT_OPTIONS))
     try:
         assert len(backend.engines) == 6
         assert [b.options["gpu_memory_utilization"] for b in _Adapter.built] == [pytest.approx(0.92 / 6)] * 6
@@ -304,7 +314,7 @@ def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: p
         async def _build(
             cls,
             model: str,
-            options: dict[str, Any],
+            engine_args: dict[str, Any],
             *,
             env: Any,
             start_group: object | None = None,
@@ -312,13 +322,13 @@ def test_a_failed_engine_start_closes_the_engines_already_started(monkeypatch: p
         ) -> _Built:
             if len(cls.built) == 2:
                 raise ab.BackendBrokenError("no memory left", backend="vllm")
-            return await super()._build(model, options, env=env, start_group=start_group, **own)
+            return await super()._build(model, engine_args, env=env, start_group=start_group, **own)
 
     monkeypatch.setattr(_vllm_checks, "_on_cpu", lambda: True)
     # Compiling on a CPU: engine-0 alone, then engines 1 and 2 together; engine 2 fails, engine 1 started.
     _Failing.built, _Failing.groups, _Failing.labels = [], [], []
     with pytest.raises(ab.BackendBrokenError, match="no memory left"):
-        asyncio.run(_Failing._start_engines("/models/x", 3, None, {}, {}))
+        asyncio.run(start_engines(_Failing._build, "/models/x", 3, None, {}, DEFAULT_OPTIONS))
     assert len(_Failing.built) == 2 and all(b.closed for b in _Failing.built)
     assert _Failing.groups[0] is None and _Failing.groups[1] is not None
 
@@ -335,7 +345,7 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
         async def _build(
             cls,
             model: str,
-            options: dict[str, Any],
+            engine_args: dict[str, Any],
             *,
             env: Any,
             start_group: object | None = None,
@@ -347,7 +357,7 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
                     await asyncio.Event().wait()
                 finally:
                     cls.given_up.set()
-            built = await super()._build(model, options, env=env, start_group=start_group, **own)
+            built = await super()._build(model, engine_args, env=env, start_group=start_group, **own)
             if len(cls.built) == 2:
                 cls.others_up.set()
             return built
@@ -358,7 +368,7 @@ def test_a_start_given_up_closes_the_engines_of_its_wave_already_started(
     async def give_up() -> None:
         _OneHangs.others_up, _OneHangs.given_up = asyncio.Event(), asyncio.Event()
         task = asyncio.ensure_future(
-            _OneHangs._start_engines("/models/x", 3, None, {"enforce_eager": True}, {})
+            start_engines(_OneHangs._build, "/models/x", 3, None, {"enforce_eager": True}, DEFAULT_OPTIONS)
         )
         await _OneHangs.others_up.wait()
         task.cancel()
@@ -396,7 +406,7 @@ def test_a_start_given_up_raises_only_once_every_start_of_its_wave_has_ended(
     async def give_up() -> bool:
         _SlowToEnd.started = asyncio.Event()
         task = asyncio.ensure_future(
-            _SlowToEnd._start_engines("/models/x", 2, None, {"enforce_eager": True}, {})
+            start_engines(_SlowToEnd._build, "/models/x", 2, None, {"enforce_eager": True}, DEFAULT_OPTIONS)
         )
         await _SlowToEnd.started.wait()
         task.cancel()
@@ -446,7 +456,7 @@ def _start_third_fails(monkeypatch: pytest.MonkeyPatch, stops: tuple[str, str]) 
     _ThirdFails.built, _ThirdFails.groups, _ThirdFails.labels = [], [], []
     _ThirdFails.stops, _SlowClose.closing, _SlowClose.began = stops, [], asyncio.Event()
     return asyncio.ensure_future(
-        _ThirdFails._start_engines("/models/x", 3, None, {"enforce_eager": True}, {})
+        start_engines(_ThirdFails._build, "/models/x", 3, None, {"enforce_eager": True}, DEFAULT_OPTIONS)
     )
 
 

@@ -195,3 +195,22 @@ async def test_a_report_about_a_replaced_engine_restarts_nothing() -> None:
 def test_create_backend_refuses_a_bad_max_restarts_before_starting_anything(engines: int) -> None:
     with pytest.raises(ab.InvalidRequestError, match="max_restarts must be an int >= 0, got -1"):
         ab.create_backend("vllm", model="/no/such/model", engines=engines, max_restarts=-1)
+
+
+def test_latest_is_the_dead_engine_until_the_new_one_serves_then_none_once_closed() -> None:
+    # What the backend shows as its engine (`VLLMBackend.engine`): never None while a restart is between
+    # stopping the dead engine and starting the new one.
+    async def run() -> None:
+        engines = _Engines()
+        engines.release = asyncio.Event()
+        restarts, first = _restarts(engines)
+        died = asyncio.ensure_future(restarts.died(first, RuntimeError("killed")))
+        await engines.starting.wait()  # the dead engine is stopped, the new one not yet started
+        assert restarts.engine is None and restarts.latest is first
+        engines.release.set()
+        await died
+        assert restarts.engine is restarts.latest is engines.started[0]
+        await restarts.aclose()
+        assert restarts.engine is None and restarts.latest is None
+
+    asyncio.run(run())

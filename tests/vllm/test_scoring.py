@@ -141,7 +141,7 @@ def test_batch_encoding_gives_the_ids_of_encode(backend: Any, hf_tokenizer: Any)
         "2+2=4?",
     ]
     expected = [hf_tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    assert backend._encode_texts(texts) == expected
+    assert backend._loglikelihoods.encode_texts(texts) == expected
 
 
 def test_concurrent_questions_score_as_each_alone(backend: Any) -> None:

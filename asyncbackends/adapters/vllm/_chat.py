@@ -4,16 +4,21 @@ Every chat prompt is built as vLLM's own ``ChatCompletionRequest`` (the body the
 send: messages, tools, tool choice) and rendered by the engine's renderer with that request's chat and
 tokenization parameters, each tool as its pydantic ``model_dump()``, as the server's ``preprocess_chat``
 does: the same template call, media loading and multimodal processing, so the prompt token ids equal the
-server's (tests/parity/test_vllm_serve_prompts.py). Tool choice follows vLLM's OpenAI server: a named tool
-constrains the output to that tool's parameters schema, ``"required"`` to a JSON list of calls (vLLM's own
-schema builder), and ``"auto"`` output is read by the vLLM tool parser named by the adapter option
-``tool_parser``; output the parser cannot read comes back as text. Imported by the adapter once vLLM is,
-like `_requests`.
+server's (tests/parity/test_vllm_serve_prompts.py). Tool choice follows vLLM's OpenAI server: with the
+adapter option ``tool_parser`` the request's sampling is adjusted and its output read by the parser the server
+composes from the same names (``ParserManager.get_parser``: its ``adjust_request`` and ``parse``), so a named
+or required choice is constrained as the server constrains it (for Hermes, an xgrammar structural tag
+around ``<tool_call>`` JSON; for a parser without structural tags, vLLM's JSON schema of the call) and greedy
+tool calls equal the server's (tests/parity/test_vllm_serve_tool_calls.py); output the parser cannot read
+comes back as text. Without a ``tool_parser``, a named choice is constrained to that tool's parameters
+schema and ``"required"`` to a JSON list of calls (vLLM's own schema builder), and ``"auto"`` is refused.
+Imported by the adapter once vLLM is, like `_requests`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import warnings
@@ -29,6 +34,7 @@ with warnings.catch_warnings():  # import-time DeprecationWarnings from vLLM, as
     warnings.simplefilter("ignore", DeprecationWarning)
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser import ParserManager
     from vllm.renderers import merge_kwargs
 
     try:
@@ -87,19 +93,44 @@ def check_parser_name(option: str, name: str | None, known: Iterable[str], *, ba
 
 @dataclasses.dataclass
 class ChatPath:
-    """How one engine renders chat with images and tools, and reads tool calls back.
+    """How one backend's engine renders chat with images and tools, and reads tool calls back.
 
     Args:
-        engine: The ``AsyncLLM``.
+        restarts: The backend's `EngineRestarts`: the engine serving now (``AsyncLLM``), the one a restart
+            started after a death too.
         backend: The backend's name, for errors.
-        tool_parser: vLLM's name of the parser for ``"auto"`` tool choice, or ``None``.
+        tool_parser: vLLM's name of the tool parser (``vllm serve --tool-call-parser``), or ``None``.
         allow_remote_images: Whether http(s) image URLs may be fetched by the engine.
+        reasoning_parser: vLLM's name of the engine's reasoning parser, or ``None``: the server composes it
+            with the tool parser to adjust a request's sampling.
     """
 
-    engine: Any
+    restarts: Any
     backend: str
     tool_parser: str | None = None
     allow_remote_images: bool = False
+    reasoning_parser: str | None = None
+
+    def __post_init__(self) -> None:
+        engine = self.restarts.engine
+        # Read once: an engine started again has the same options, so the same tokenizer and configuration.
+        self._tokenizer: Any = engine.get_tokenizer() if engine is not None else None
+        self._model_config: Any = engine.model_config if engine is not None else None
+        self._adjusting = self._reading = None
+        if engine is not None and self.tool_parser is not None:
+            # The parsers the server composes (`ParserManager.get_parser`, as its chat handler and renderer
+            # do, with --enable-auto-tool-choice): the one that adjusts a request holds the reasoning parser
+            # too, as the server's; the one that reads tool calls reads them from the answer, which
+            # `_reasoning` has already split from the thinking.
+            compose = functools.partial(
+                ParserManager.get_parser,
+                tool_parser_name=self.tool_parser,
+                enable_auto_tools=True,
+                model_name=engine.model_config.model,
+                tokenizer=self._tokenizer,
+            )
+            self._adjusting = compose(reasoning_parser_name=self.reasoning_parser)
+            self._reading = compose()
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse, before anything is rendered or sent, what this engine's options do not allow.
@@ -142,9 +173,10 @@ class ChatPath:
             RequestRejectedError: What `check` refuses, or the engine cannot render the messages.
         """
         self.check(request)
+        engine = await self.restarts.current(request.request_id)  # after a restart under way, if any
         body = self._openai_request(request)
         tools = None if body.tools is None else [tool.model_dump() for tool in body.tools]
-        config = self.engine.model_config
+        config = engine.model_config
         media = config.multimodal_config.media_io_kwargs if config.multimodal_config else None
         params = body.build_chat_params(None, "auto").with_defaults(
             merge_kwargs(None, dict(tools=tools, tokenize=False)), default_media_io_kwargs=media
@@ -153,7 +185,7 @@ class ChatPath:
             warnings.simplefilter("ignore", DeprecationWarning)
             tok_params = body.build_tok_params(config)
         try:
-            _, prompts = await self.engine.renderer.render_chat_async([body.messages], params, tok_params)
+            _, prompts = await engine.renderer.render_chat_async([body.messages], params, tok_params)
         except Exception as exc:  # the template refuses the messages, an image does not decode, too long
             raise RequestRejectedError(
                 f"{self.backend}: cannot render the chat: {type(exc).__name__}: {exc}",
@@ -175,28 +207,52 @@ class ChatPath:
         return ChatCompletionRequest.model_validate(body)
 
     def sampling(self, request: GenerationRequest, base: VLLMSamplingParams) -> VLLMSamplingParams:
-        """``base`` with the structured output vLLM's server sets for a named or required tool choice."""
-        if not request.tools or request.tool_choice == "none":
+        """``base`` with what vLLM's server changes for the request's tools and tool choice.
+
+        With a ``tool_parser``, as the server's renderer: the composed parser's ``adjust_request`` on the
+        request, whose structured output and ``skip_special_tokens`` are then used. For Hermes (vLLM 0.32)
+        that is an xgrammar structural tag for a named or required choice, ``<tool_call>`` + the call's JSON
+        + ``</tool_call>``, and special tokens kept in the text for any choice but ``"none"``. Without one,
+        a named or required choice is constrained to vLLM's JSON schema of the call(s), as the server does
+        for a parser that has no structural tag.
+
+        Raises:
+            InvalidRequestError: ``json_schema``/``regex`` with a named or required tool choice.
+        """
+        choice = request.tool_choice
+        if not request.tools or choice == "none":
             return base
-        params = base.clone()
-        if request.tool_choice == "auto":  # `check` made sure there is a parser
-            # As the server: parsers whose tool-call markers are special tokens need them in the text.
-            adjusted = self._parser(request).adjust_request(self._openai_request(request))
-            params.skip_special_tokens = bool(adjusted.skip_special_tokens)
-            return params
-        if params.structured_outputs is not None:
+        forced = choice != "auto"
+        if forced and base.structured_outputs is not None:
+            # The server drops the caller's constraint with a warning; an eval must not lose it silently.
             raise InvalidRequestError(
                 "json_schema/regex cannot be combined with a named or required tool choice"
             )
+        params = base.clone()
         openai = self._openai_request(request)
-        schema = get_json_schema_from_tools(openai.tool_choice, openai.tools)
-        params.structured_outputs = StructuredOutputsParams(json=schema)
+        if self._adjusting is None:  # `check` refused "auto" without a parser
+            schema = get_json_schema_from_tools(openai.tool_choice, openai.tools)
+            params.structured_outputs = StructuredOutputsParams(json=schema)
+            return params
+        parser = self._adjusting(
+            self._tokenizer,
+            openai.tools,
+            model_config=self._model_config,
+            chat_template_kwargs=self._template_kwargs(openai),
+        )
+        # The caller's json_schema/regex as the body's own constraint: with "auto" the server lets the
+        # output be either a tool call or that (one structural tag holding both, where xgrammar can).
+        openai.structured_outputs = base.structured_outputs
+        adjusted = parser.adjust_request(openai)
+        params.skip_special_tokens = bool(adjusted.skip_special_tokens)
+        constraint = adjusted.extract_structured_outputs()
+        if constraint is not None:
+            params.structured_outputs = constraint
         return params
 
-    def _parser(self, request: GenerationRequest) -> Any:
-        parser_class = ToolParserManager.get_tool_parser(self.tool_parser)  # type: ignore[arg-type]
-        tools = self._openai_request(request).tools
-        return parser_class(self.engine.get_tokenizer(), tools)
+    @staticmethod
+    def _template_kwargs(openai: Any) -> dict[str, Any]:
+        return dict(openai.build_chat_params(None, "auto").chat_template_kwargs)
 
     def tool_calls(
         self, request: GenerationRequest, completions: tuple[Completion, ...]
@@ -208,33 +264,43 @@ class ChatPath:
         return tuple(self._read(request, completion) for completion in completions)
 
     def _read(self, request: GenerationRequest, completion: Completion) -> Completion:
-        choice, text = request.tool_choice, completion.text
         calls: list[ToolCall] = []
-        content = text
+        content: str | None = (
+            None  # the text beside the calls: none for a forced choice read without a parser
+        )
         try:
-            if choice == "auto":
-                info = self._parser(request).extract_tool_calls(text, self._openai_request(request))
-                if info.tools_called:
-                    calls = [
-                        ToolCall(call.id or make_tool_call_id(), call.function.name, call.function.arguments)
-                        for call in info.tool_calls
-                    ]
-                    content = info.content or ""
-            elif choice == "required":
-                parsed = json.loads(text)  # a list of {"name", "parameters"}, by the schema
+            if self._reading is not None:  # the server's own parse of the answer
+                openai = self._openai_request(request)
+                parser = self._reading(
+                    self._tokenizer,
+                    openai.tools,
+                    model_config=self._model_config,
+                    chat_template_kwargs=self._template_kwargs(openai),
+                )
+                _, content, found = parser.parse(
+                    completion.text,
+                    openai,
+                    enable_auto_tools=True,
+                    model_output_token_ids=completion.token_ids,
+                )
+                calls = [
+                    ToolCall(call.id or make_tool_call_id(), call.name, call.arguments)
+                    for call in found or ()
+                ]
+            elif request.tool_choice == "required":  # a JSON list of {"name", "parameters"}, by the schema
                 calls = [
                     ToolCall(
                         make_tool_call_id(), item["name"], json.dumps(item["parameters"], ensure_ascii=False)
                     )
-                    for item in parsed
+                    for item in json.loads(completion.text)
                 ]
-                content = ""
             else:  # a named tool: the text is its arguments, even cut short by max_tokens (as vLLM's server)
-                calls, content = [ToolCall(make_tool_call_id(), choice, text)], ""
+                calls = [ToolCall(make_tool_call_id(), request.tool_choice, completion.text)]
         except Exception as exc:  # cut short by max_tokens, or the parser failed: the text is the answer
             _log.debug("vllm: no tool call read from the output (%s: %s)", type(exc).__name__, exc)
             return completion
         if not calls:
             return completion
         finish = "tool_calls" if completion.finish_reason in (None, "stop") else completion.finish_reason
-        return dataclasses.replace(completion, text=content, tool_calls=tuple(calls), finish_reason=finish)
+        text = content or ""
+        return dataclasses.replace(completion, text=text, tool_calls=tuple(calls), finish_reason=finish)

@@ -191,6 +191,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
 
         from ._chat import ChatPath, check_tool_parser
         from ._compat import GracefulHTTPError, VLLMClientError, VLLMError
+        from ._engine_calls import EngineCalls
         from ._engine_lifecycle import start_engine, stop_engine
         from ._reasoning import REFUSALS, ReasoningPath, check_reasoning_parser
         from ._requests import (
@@ -209,6 +210,7 @@ def import_vllm(namespace: dict[str, Any]) -> None:
         AsyncLLM=AsyncLLM,
         EngineDeadError=EngineDeadError,
         ChatPath=ChatPath,
+        EngineCalls=EngineCalls,
         check_tool_parser=check_tool_parser,
         ReasoningPath=ReasoningPath,
         REFUSALS=REFUSALS,

@@ -65,18 +65,20 @@ class ReasoningPath:
     """How one engine's outputs are split into thinking and answer.
 
     Args:
-        engine: The ``AsyncLLM`` (built with ``reasoning_parser=name``).
+        engine: The ``AsyncLLM`` (built with ``reasoning_parser=name``), read once: its tokenizer and model
+            configuration, which an engine started again with the same options shares.
         name: vLLM's name of the reasoning parser.
     """
 
-    engine: Any
+    engine: dataclasses.InitVar[Any]
     name: str
 
-    def __post_init__(self) -> None:
-        self._tokenizer = self.engine.get_tokenizer()
+    def __post_init__(self, engine: Any) -> None:
+        self._tokenizer = engine.get_tokenizer()
+        self._model_config = engine.model_config
         self._parser_cls = ParserManager.get_parser(
             reasoning_parser_name=self.name,
-            model_name=self.engine.model_config.model,
+            model_name=self._model_config.model,
             tokenizer=self._tokenizer,
         )
         # The request a default chat completion is: the server hands it to parse(), and its chat template
@@ -90,7 +92,7 @@ class ReasoningPath:
             self._tokenizer,
             None,
             chat_template_kwargs=self._template_kwargs,
-            model_config=self.engine.model_config,
+            model_config=self._model_config,
         )
         parser.set_prompt_token_ids(prompt_ids)
         return parser

@@ -62,6 +62,10 @@ class EngineRestarts:
         max_restarts: Restarts allowed over the backend's life (0 without ``start``).
 
     Attributes:
+        engine: The engine serving now; ``None`` once closed, given up, or between a dead engine's stop and
+            the new one's start.
+        latest: The engine started last, dead or alive (the dead one until the new one has started); ``None``
+            once closed. What the backend shows as its engine.
         label: What the log lines call the engine (``"vllm engine"``, ``"vllm engine-1"``).
         on_restart: Called with the new engine once it has started, before any request is sent to it.
     """
@@ -75,6 +79,7 @@ class EngineRestarts:
         max_restarts: int,
     ) -> None:
         self.engine = engine
+        self.latest = engine
         self.max_restarts = max_restarts if start is not None else 0
         self.on_restart: Callable[[Any], None] | None = None
         self.count = 0
@@ -189,7 +194,7 @@ class EngineRestarts:
             return
         finally:
             self._restart, self._starting = None, False
-        self.engine = new
+        self.engine = self.latest = new
         if self.on_restart is not None:
             self.on_restart(new)
         log.warning("the %s serves again after restart %d", self.label, self.count)
@@ -206,6 +211,6 @@ class EngineRestarts:
             if self._starting:
                 restart.cancel()
             await asyncio.wait([restart])
-        engine, self.engine = self.engine, None
+        engine, self.engine, self.latest = self.engine, None, None
         if engine is not None:
             await self._stop(engine)
