@@ -144,8 +144,8 @@ def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, 
     """The model name without its LoRA adapter, the model args with the adapters' directories, the adapter.
 
     inspect names an adapter ``<base>:<adapter>`` (its ``vllm`` provider's form). For a backend that loads
-    adapters itself (it takes a ``lora_modules`` option: ``vllm``), the model part after ``<backend>/`` is
-    split at its last ``:``, and the adapter part is:
+    adapters itself into an engine of its own (it takes a ``lora_modules`` option and no server URL:
+    ``vllm``), the model part after ``<backend>/`` is split at its last ``:``, and the adapter part is:
 
     - a name among ``lora_modules`` (``-M lora_modules=name=path|name=path``, or a JSON object);
     - else a local directory: served as the adapter named by the directory's name (added to
@@ -170,8 +170,11 @@ def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, 
     backend, slash, rest = model_name.partition("/")
     accepted = _accepted(backend) if backend else set()
     loads_adapters = accepted is None or "lora_modules" in accepted
+    # Only an in-process engine's model (a path or a hub id) is split: a server's model names hold ':'
+    # (OpenAI's ft:..., Ollama's llama3:8b), and the openai adapter's lora_modules load onto the server.
+    splits = loads_adapters and (accepted is None or not {"base_url", "url"} & accepted)
     named: str | None = None
-    if loads_adapters and ":" in rest and not Path(rest).expanduser().exists():
+    if splits and ":" in rest and not Path(rest).expanduser().exists():
         base, _, named = rest.rpartition(":")
         if not base or not named:
             raise InvalidRequestError(
@@ -189,7 +192,7 @@ def split_adapter(model_name: str, model_args: Mapping[str, Any]) -> tuple[str, 
             f"model {model_name!r} names adapter {named!r} and -M adapter names {adapter!r}: give one"
         )
     adapter = named if named is not None else adapter
-    if loads_adapters and adapter is not None and (modules is None or adapter not in modules):
+    if splits and adapter is not None and (modules is None or adapter not in modules):
         if not Path(adapter).expanduser().is_dir():
             known = f"not among lora_modules {sorted(modules)}" if modules else "given no lora_modules"
             raise InvalidRequestError(
