@@ -43,6 +43,9 @@ def test_it_claims_adapters_and_its_fingerprint_holds_each_adapters_digest(lora_
     from asyncbackends.adapters.vllm._lora import read_lora_modules
 
     assert lora_backend.capabilities.adapters is True
+    # What a router reads to keep an adapter's requests where it is loaded: the names and the engine's slots.
+    assert lora_backend.adapters == tuple(sorted(ADAPTER_SEEDS))
+    assert lora_backend.max_loras == lora_backend.engine.vllm_config.lora_config.max_loras
     fingerprint = lora_backend.fingerprint
     assert set(fingerprint["lora_modules"]) == set(ADAPTER_SEEDS)
     expected = read_lora_modules({n: m.path for n, m in lora_backend._adapters.modules.by_name.items()})

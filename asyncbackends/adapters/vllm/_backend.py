@@ -74,6 +74,10 @@ class VLLMBackend(BaseBackend):
         engine_args: The options it was built with (for the fingerprint).
         options: The adapter's own options (`AdapterOptions`, which says what each does).
         max_concurrency: The concurrency hint for `gather`; ``None`` picks one from the scheduler limits.
+
+    Attributes:
+        adapters: The LoRA adapters' names (``lora_modules``), sorted; ``None`` without them.
+        max_loras: The adapters the engine holds at once (a router's slots); ``None`` without adapters.
     """
 
     name = "vllm"
@@ -115,6 +119,10 @@ class VLLMBackend(BaseBackend):
         mode = scoring_mode(prompt_logprobs=prompt_logprobs_work(engine))
         self._scoring = EngineScoring(self._run, mode, backend=self.name)
         self._adapters = AdapterPaths(options.lora_modules, self._scoring)  # requests' LoRA adapters (_lora)
+        # What a router reads to keep an adapter's requests where it is loaded (`_routing.replica`).
+        modules = options.lora_modules
+        self.adapters: tuple[str, ...] | None = tuple(modules.names) if modules is not None else None
+        self.max_loras: int | None = (engine_args or {}).get("max_loras") if modules is not None else None
         self._loglikelihoods = Loglikelihoods(
             self.tokenizer,
             model=model,
