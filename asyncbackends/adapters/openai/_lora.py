@@ -26,7 +26,7 @@ from ..._refusals import refuse_unknown_adapter
 from ..._types import Request
 from ...errors import BackendError, RequestRejectedError
 from .._http.transport import HTTPTransport, error_for_status, error_message
-from ..vllm._lora import LoraModules, read_lora_modules
+from .._lora_dirs import LoraModules, read_lora_modules
 
 __all__ = ["ServerAdapters", "adapter_rejection", "model_for"]
 
