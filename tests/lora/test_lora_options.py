@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters.vllm._lora import lora_engine_options, read_lora_modules
+from asyncbackends.adapters._lora_dirs import read_lora_modules
+from asyncbackends.adapters.vllm._lora import lora_engine_options
 
 from .conftest import ADAPTER_SEEDS
 

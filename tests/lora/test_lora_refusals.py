@@ -40,7 +40,7 @@ def test_an_unknown_adapter_is_refused_before_sending_naming_the_known_ones(lora
 
 
 def test_it_claims_adapters_and_its_fingerprint_holds_each_adapters_digest(lora_backend: Any) -> None:
-    from asyncbackends.adapters.vllm._lora import read_lora_modules
+    from asyncbackends.adapters._lora_dirs import read_lora_modules
 
     assert lora_backend.capabilities.adapters is True
     # What a router reads to keep an adapter's requests where it is loaded: the names and the engine's slots.

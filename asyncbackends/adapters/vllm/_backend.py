@@ -36,6 +36,7 @@ from ..._types import (
 )
 from ...errors import BackendError, ContextLengthError
 from .._checkpoint import checkpoint_fields
+from .._lora_dirs import read_lora_modules
 from . import _checks
 from ._checks import FINGERPRINT_OPTIONS as _FINGERPRINT_OPTIONS
 from ._checks import check_before_import, import_vllm
@@ -43,7 +44,7 @@ from ._engine_plan import check_engines
 from ._engine_pool import VLLMEnginesBackend
 from ._engine_start import start_engine_restarts, start_engines
 from ._loglikelihoods import Loglikelihoods
-from ._lora import AdapterPaths, lora_engine_options, prompt_logprobs_work, read_lora_modules
+from ._lora import AdapterPaths, lora_engine_options, prompt_logprobs_work
 from ._options import DEFAULT_OPTIONS, AdapterOptions
 from ._restart import DEFAULT_MAX_RESTARTS, EngineRestarts, check_max_restarts
 

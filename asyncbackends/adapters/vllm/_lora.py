@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..._refusals import refuse_unknown_adapter
 from ..._types import Request
 from ...errors import InvalidRequestError
-from .._lora_dirs import LoraModule as LoraModule
-from .._lora_dirs import LoraModules, read_lora_modules
+from .._lora_dirs import LoraModules
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -47,11 +46,8 @@ if TYPE_CHECKING:
 __all__ = [
     "LORA_RANKS",
     "AdapterPaths",
-    "LoraModule",
-    "LoraModules",
     "lora_engine_options",
     "prompt_logprobs_work",
-    "read_lora_modules",
 ]
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._lora import LoraModules
+from .._lora_dirs import LoraModules
 from ._restart import DEFAULT_MAX_RESTARTS
 
 __all__ = ["DEFAULT_OPTIONS", "AdapterOptions"]
