@@ -26,7 +26,7 @@ OLD_LAYOUT = textwrap.dedent(
             return None
 
     # vLLM's own modules import the new home: load them first, then hide it from later imports (ours).
-    import vllm.entrypoints.openai.chat_completion.protocol, vllm.renderers, vllm.tool_parsers.utils
+    import vllm.entrypoints.openai.chat_completion.protocol, vllm.parser, vllm.renderers, vllm.tool_parsers.utils
 
     sys.modules.pop("vllm.renderers.chat_utils")
     sys.meta_path.insert(0, HideNewHome())
