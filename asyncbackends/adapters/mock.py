@@ -30,7 +30,6 @@ logprob differs from the base model's); an unknown name is refused naming the kn
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import random
 from collections import Counter
@@ -301,14 +300,13 @@ class MockBackend(BaseBackend):
     def prompt_text(request: GenerationRequest) -> str:
         """The text the mock echoes for a prompt: chat turns joined, token ids mapped to printable ASCII."""
         prompt = request.prompt
-        if request.adapter is not None:
-            base = dataclasses.replace(request, adapter=None)
-            return f"[{request.adapter}] " + MockBackend.prompt_text(base)
+        # An adapter's model reads its name first (the module's docstring).
+        head = "" if request.adapter is None else f"[{request.adapter}] "
         if isinstance(prompt, str):
-            return prompt
+            return head + prompt
         if request.prompt_kind == "tokens":
-            return "".join(chr(0x20 + t % 95) for t in prompt)  # type: ignore[operator]
-        return "\n".join(f"{m['role']}: {_content_text(m['content'])}" for m in prompt)  # type: ignore[index]
+            return head + "".join(chr(0x20 + t % 95) for t in prompt)  # type: ignore[operator]
+        return head + "\n".join(f"{m['role']}: {_content_text(m['content'])}" for m in prompt)  # type: ignore[index]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Echo the prompt (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
