@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval_speed import _build_model, _phrase, _timed, ratio_text  # a sibling script, not a package
+from lm_eval_speed import (  # a sibling script, not a package
+    _build_model,
+    _phrase,
+    _timed,
+    end_child,
+    offline_model,
+    ratio_text,
+)
 
 TASKS = ["score_mmlu", "score_hella"]
 ENGINE_OPTIONS: dict[str, Any] = {
@@ -252,29 +259,14 @@ def main() -> None:
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ.setdefault(name, "1")
-    if args.model is None:
-        from asyncbackends.testing.tiny_model import build_tiny_model
-
-        args.model = str(build_tiny_model())
+    args.model = offline_model(args.model)
     if args.child:
         options = json.loads(args.options)
         if args.child == "ours":
             options |= json.loads(args.ours_options)
         report = child(args.child, Path(args.folder), args.model, options, args.tasks)
         Path(args.out).write_text(json.dumps(report))
-        # lm-eval's vllm model (an offline LLM never shut down) kept its process alive for 7 minutes after the
-        # report on the H200, until killed: the figures are written, so the child ends here, both modes alike,
-        # its engine-core processes first (they hold the GPU's memory the next process needs).
-        import psutil
-
-        for process in psutil.Process().children(recursive=True):
-            process.kill()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        end_child()  # both modes alike
     work = Path(tempfile.mkdtemp(prefix="lm-eval-scoring-"))
     build_tasks(work / "tasks", args.mmlu, args.hella)
     modes = ["lm-eval", "ours"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval_speed import ENGINE_OPTIONS, TASKS, _numbers, _same, build_tasks, ratio_text  # a sibling script
+from lm_eval_speed import (  # a sibling script
+    ENGINE_OPTIONS,
+    TASKS,
+    _numbers,
+    _same,
+    build_tasks,
+    end_child,
+    offline_model,
+    ratio_text,
+)
 
 
 def _samples(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -165,24 +173,12 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--adapter-paths", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ.setdefault(name, "1")
-    if args.model is None:
-        from asyncbackends.testing.tiny_model import build_tiny_model
-
-        args.model = str(build_tiny_model())
+    args.model = offline_model(args.model)
     if args.child:
         paths = json.loads(args.adapter_paths)
         report = child(args.child, Path(args.folder), args.model, paths, args.batch_size, not args.sequential)
         Path(args.out).write_text(json.dumps(report))
-        # As lm_eval_speed.py: an offline LLM never shut down can keep the process alive; the figures are out.
-        import psutil
-
-        for process in psutil.Process().children(recursive=True):
-            process.kill()
-        sys.stdout.flush()
-        os._exit(0)
+        end_child()
     from asyncbackends.testing.tiny_model import build_tiny_lora
 
     adapters = {f"lora{i}": str(build_tiny_lora(args.model, rank=8, seed=i)) for i in range(args.adapters)}
