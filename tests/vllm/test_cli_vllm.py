@@ -126,8 +126,14 @@ def test_a_signal_to_the_whole_group_stops_the_run_in_order(
     stderr = (tmp_path / "stderr.txt").read_text()
     tail = stderr[-3000:]
     assert proc.returncode == status, tail
-    assert json.loads(first)["index"] == 0 and rest == b"", (first, rest[-2000:])
-    assert "asyncbackends run: interrupted: kept 1 of 17 results in standard output;" in stderr, tail
+    # A loaded machine may finish a request or two between the first line and the signal: what counts is
+    # that the results kept are whole, in order, fewer than all, and that the summary counts exactly them.
+    records = [json.loads(line) for line in (first + rest).splitlines()]
+    kept = len(records)
+    assert [record["index"] for record in records] == list(range(kept)), (first, rest[-2000:])
+    assert all("result" in record for record in records), rest[-2000:]
+    assert kept < len(lines), tail
+    assert f"asyncbackends run: interrupted: kept {kept} of 17 results in standard output;" in stderr, tail
     for noise in (
         "Traceback",
         "died unexpectedly",
