@@ -23,27 +23,19 @@ from .._clock import held_slot, waiting_for_slot
 from .._limits import RateBuckets
 from .._loop import get_loop_manager
 from .._options import Concurrency, RateLimit, check_limits, rate_buckets
-from .._protocol import AsyncBackend, Closing, SupportsFingerprint, SupportsRollingLoglikelihood
-from .._side_doors import FORWARDED
+from .._protocol import AsyncBackend, SupportsFingerprint, SupportsRollingLoglikelihood
 from .._timeouts import TimeoutOption, Timeouts, as_timeouts, set_idle_timeout
-from .._types import (
-    Capabilities,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    Request,
-    RollingLoglikelihoodRequest,
-)
-from .._usage import Pricing, pricing_of
+from .._types import Request
+from .._usage import pricing_of
 from ..errors import BackendTimeoutError, BudgetExceededError
+from .forwarding import ForwardingBackend, ForwardingRolling, Send
 
 __all__ = ["LimitedBackend", "LimitedRollingBackend", "limited"]
 
 R = TypeVar("R")
 
 
-class LimitedBackend(Closing):
+class LimitedBackend(ForwardingBackend):
     """A backend that sends through ``backend`` within limits shared by every caller.
 
     Build it with `limited`. Its name, capabilities and fingerprint are the wrapped backend's (so a cache
@@ -73,32 +65,20 @@ class LimitedBackend(Closing):
         self.budget = budget
         self._guard: BudgetGuard | None = None
         self.timeout: Timeouts | None = None if timeout is None else as_timeouts(timeout)
-        self.backend = backend
+        super().__init__(backend)
         self.concurrency = concurrency
         self.rate_limit = rate_limit
-        self.name: str = backend.name
-        self.capabilities: Capabilities = backend.capabilities
         # Loop-bound: made on first use, on the loop that serves the requests.
         self._slots: asyncio.Semaphore | None = None
         self._limiter: AdaptiveLimiter | None = None
         self._rates: RateBuckets | None = None
         self._ready = False
-        # The backend's side doors (`asyncbackends.abc`), as instance attributes: `isinstance` with their
-        # protocols then answers for the wrapper as for the backend (it reads no property or __getattr__).
-        for side_door in FORWARDED:
-            if hasattr(backend, side_door):
-                setattr(self, side_door, getattr(backend, side_door))
 
     def __repr__(self) -> str:
         return (
             f"limited({self.backend!r}, concurrency={self.concurrency!r}, rate_limit={self.rate_limit!r}, "
             f"timeout={self.timeout!r})"
         )
-
-    @property
-    def pricing(self) -> Pricing | None:
-        """The wrapped backend's prices (`Pricing`), where it has them: limits do not change them."""
-        return pricing_of(self.backend)
 
     @property
     def fingerprint(self) -> Mapping[str, Any] | None:
@@ -115,10 +95,10 @@ class LimitedBackend(Closing):
             self._guard = BudgetGuard(self.budget, pricing_of(self.backend))
         self._ready = True
 
-    async def _within_limits(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
+    async def _send(self, request: Any, send: Send[R]) -> R:
         # On the shared loop whichever loop calls: the slots and buckets serve every run, so they must not
         # be bound to a loop that ends (an ``asyncio.run`` call) before a later run waits on them.
-        return await get_loop_manager().arun(self._limited(request, call))
+        return await get_loop_manager().arun(self._limited(request, lambda: send(request)))
 
     async def _limited(self, request: Request, call: Callable[[], Coroutine[Any, Any, R]]) -> R:
         if not self._ready:
@@ -216,27 +196,9 @@ class LimitedBackend(Closing):
         """
         return adaptive_limiter(self.backend, settings, on_change)
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """`AsyncBackend.generate` through the shared limits."""
-        return await self._within_limits(request, lambda: self.backend.generate(request))
 
-    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """`AsyncBackend.loglikelihood` through the shared limits."""
-        return await self._within_limits(request, lambda: self.backend.loglikelihood(request))
-
-    async def aclose(self) -> None:
-        """Close the wrapped backend."""
-        await self.backend.aclose()
-
-
-class LimitedRollingBackend(LimitedBackend):
+class LimitedRollingBackend(LimitedBackend, ForwardingRolling):
     """A `LimitedBackend` around a backend that has ``loglikelihood_rolling``."""
-
-    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """``loglikelihood_rolling`` of the wrapped backend, through the shared limits."""
-        backend = self.backend
-        assert isinstance(backend, SupportsRollingLoglikelihood)
-        return await self._within_limits(request, lambda: backend.loglikelihood_rolling(request))
 
 
 def limited(

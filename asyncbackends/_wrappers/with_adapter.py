@@ -15,26 +15,18 @@ from typing import Any, TypeVar
 
 from .._cache_codec import backend_fingerprint
 from .._field_checks import check_adapter
-from .._protocol import AsyncBackend, Closing, SupportsRollingLoglikelihood
-from .._side_doors import FORWARDED
-from .._types import (
-    Capabilities,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    Request,
-    RollingLoglikelihoodRequest,
-)
-from .._usage import Pricing, pricing_of
+from .._protocol import AsyncBackend, SupportsRollingLoglikelihood
+from .._types import Request
 from ..errors import InvalidRequestError
+from .forwarding import ForwardingBackend, ForwardingRolling, Send
 
 __all__ = ["AdapterBackend", "AdapterRollingBackend", "with_adapter"]
 
+T = TypeVar("T")
 R = TypeVar("R", bound=Request)
 
 
-class AdapterBackend(Closing):
+class AdapterBackend(ForwardingBackend):
     """A backend that sends every request through ``backend`` with its ``adapter`` set.
 
     Build it with `with_adapter`. Its name, capabilities, prices and side doors (tokenizer, context length)
@@ -53,28 +45,19 @@ class AdapterBackend(Closing):
                 "capabilities.adapters is False); give the vllm adapter lora_modules, or use a server that "
                 "serves adapters"
             )
-        self.backend = backend
+        super().__init__(backend)
         self.adapter: str = adapter
-        self.name: str = backend.name
-        self.capabilities: Capabilities = backend.capabilities
-        # As `limited` does: side doors as instance attributes, so `isinstance` with their protocols answers
-        # for the wrapper as for the backend.
-        for side_door in FORWARDED:
-            if hasattr(backend, side_door):
-                setattr(self, side_door, getattr(backend, side_door))
 
     def __repr__(self) -> str:
         return f"with_adapter({self.backend!r}, {self.adapter!r})"
 
     @property
-    def pricing(self) -> Pricing | None:
-        """The wrapped backend's prices (`Pricing`), where it has them."""
-        return pricing_of(self.backend)
-
-    @property
     def fingerprint(self) -> Mapping[str, Any]:
         """The wrapped backend's fingerprint (its name where it has none) and the adapter's name."""
         return {**backend_fingerprint(self.backend), "with_adapter": self.adapter}
+
+    async def _send(self, request: Any, send: Send[T]) -> T:
+        return await send(self._named(request))
 
     def _named(self, request: R) -> R:
         if request.adapter == self.adapter:
@@ -87,27 +70,9 @@ class AdapterBackend(Closing):
             )
         return dataclasses.replace(request, adapter=self.adapter)
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """`AsyncBackend.generate` with the adapter named."""
-        return await self.backend.generate(self._named(request))
 
-    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
-        """`AsyncBackend.loglikelihood` with the adapter named."""
-        return await self.backend.loglikelihood(self._named(request))
-
-    async def aclose(self) -> None:
-        """Close the wrapped backend."""
-        await self.backend.aclose()
-
-
-class AdapterRollingBackend(AdapterBackend):
+class AdapterRollingBackend(AdapterBackend, ForwardingRolling):
     """An `AdapterBackend` around a backend that has ``loglikelihood_rolling``."""
-
-    async def loglikelihood_rolling(self, request: RollingLoglikelihoodRequest) -> LoglikelihoodResult:
-        """``loglikelihood_rolling`` of the wrapped backend, with the adapter named."""
-        backend = self.backend
-        assert isinstance(backend, SupportsRollingLoglikelihood)
-        return await backend.loglikelihood_rolling(self._named(request))
 
 
 def with_adapter(backend: AsyncBackend, adapter: str) -> AdapterBackend:
