@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..._protocol import BaseBackend, Secret
-from ..._refusals import refuse_unclaimed_chat, refuse_unknown_adapter, refuse_unsupported
+from ..._refusals import refuse_unknown_adapter
 from ..._tasks import all_or_nothing
 from ..._text import split_trailing_space
 from ..._timeouts import idle_timeout
@@ -82,11 +82,10 @@ from .._http.transport import (
     poll_until_ok,
 )
 from .._reasoning_tags import check_reasoning_tags, split_by_tags, without_stops
+from ._checks import check_adapters, continuation_logprobs, refuse_for_info, refuse_generation
 from ._wire import (
     DEFAULT_PAYLOAD_LIMIT,
     HONOURED,
-    NOT_ON_CHAT,
-    UNSUPPORTED_REASONS,
     adapter_fields,
     chat_payload,
     encoder,
@@ -96,7 +95,6 @@ from ._wire import (
     oversized,
     parse_chat,
     parse_generate,
-    parse_lora_adapters,
 )
 from ._wire import (
     TGIInfo as TGIInfo,
@@ -161,7 +159,7 @@ class TGIBackend(BaseBackend):
         reasoning_tags: tuple[str, str] | None = None,
         adapters: Sequence[str] | str | None = None,
     ) -> None:
-        self.adapters = _check_adapters(adapters)
+        self.adapters = check_adapters(adapters)
         secret = resolve_token(token, url=url if isinstance(url, str) else None)
         self._http = HTTPTransport(
             url,
@@ -298,36 +296,11 @@ class TGIBackend(BaseBackend):
         rid = request.request_id
         self._check_open(rid)
         params = request.params
-        kind = request.prompt_kind
-        refuse_unsupported(
-            params, self.capabilities, backend=self.name, request_id=rid, reasons=UNSUPPORTED_REASONS
-        )
-        refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
+        refuse_generation(request, self.capabilities, backend=self.name)
         self._refuse_unknown_adapter(request)
-        on_generate_only = [n for n in NOT_ON_CHAT if getattr(params, n) is not None]
-        if kind == "chat" and on_generate_only:
-            raise RequestRejectedError(
-                f"TGI's chat route has no {', '.join(on_generate_only)}; use a text prompt for it",
-                backend=self.name,
-                request_id=rid,
-            )
-        if kind == "tokens":
-            raise RequestRejectedError(
-                "TGI takes text or chat prompts, not token ids", backend=self.name, request_id=rid
-            )
-        if params.max_tokens == 0:
-            raise InvalidRequestError("TGI rejects max_new_tokens=0: ask for at least one token")
-        if params.seed is not None and params.seed < 0:
-            raise InvalidRequestError(f"TGI seeds are unsigned 64-bit integers, got {params.seed}")
         info = await self.info(rid)
-        if info.max_stop_sequences is not None and len(params.stop) > info.max_stop_sequences:
-            raise InvalidRequestError(
-                f"this server accepts at most {info.max_stop_sequences} stop sequences, "
-                f"got {len(params.stop)}"
-            )
-        if kind == "chat":
-            if params.top_k is not None:
-                raise InvalidRequestError("TGI's chat route has no top_k; leave it None for chat prompts")
+        refuse_for_info(params, info)
+        if request.prompt_kind == "chat":
             one = self._chat_once
         else:
             self._check_length(info, request.prompt, params.max_tokens, rid)  # type: ignore[arg-type]
@@ -441,19 +414,7 @@ class TGIBackend(BaseBackend):
             count = self._count_continuation(text, len(context), request)
             both: list[Any] = await all_or_nothing([scored, count])
             (body, _), k = both
-        try:
-            prefill = body["details"]["prefill"]
-            logprobs = [t["logprob"] for t in prefill[len(prefill) - k :]] if k > 0 else []
-        except (KeyError, TypeError) as exc:
-            raise self._malformed(rid, exc) from exc
-        if k <= 0 or len(prefill) < k or any(lp is None for lp in logprobs):
-            raise RequestRejectedError(
-                f"cannot score this continuation: {k} continuation token(s), {len(prefill)} prefill token(s) "
-                "(the first input token has no logprob: give a context, or a model that adds BOS)",
-                backend=self.name,
-                request_id=rid,
-            )
-        parts = tuple(float(lp) for lp in logprobs)
+        parts = continuation_logprobs(body, k, backend=self.name, request_id=rid)
         return LoglikelihoodResult(rid, sum(parts), is_greedy=None, num_tokens=k, token_logprobs=parts)
 
     async def _count_continuation(self, text: str, boundary: int, request: LoglikelihoodRequest) -> int:
@@ -496,16 +457,3 @@ class TGIBackend(BaseBackend):
 
     def _malformed(self, rid: str | None, exc: BaseException) -> BackendError:
         return malformed_response("TGI", exc, backend=self.name, request_id=rid)
-
-
-def _check_adapters(adapters: Sequence[str] | str | None) -> tuple[str, ...] | None:
-    """The ``adapters`` option as a tuple of ids (a ``--lora-adapters`` string parsed as TGI parses it)."""
-    if adapters is None:
-        return None
-    try:
-        ids = parse_lora_adapters(adapters) if isinstance(adapters, str) else tuple(adapters)
-    except ValueError as exc:
-        raise InvalidRequestError(f"adapters: {exc}") from exc
-    if not ids or not all(isinstance(i, str) and i and i == i.strip() for i in ids):
-        raise InvalidRequestError(f"adapters must name one adapter id or more (non-empty strs) {adapters!r}")
-    return ids
