@@ -30,13 +30,11 @@ logprob differs from the base model's); an unknown name is refused naming the kn
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
-from .._chat import image_digest
 from .._field_checks import is_int, is_number
 from .._protocol import BaseBackend
 from .._refusals import refuse_unclaimed_chat, refuse_unknown_adapter, refuse_unsupported
@@ -44,14 +42,12 @@ from .._sampling_table import OPTIONAL_SPECS
 from .._types import (
     Capabilities,
     Completion,
-    FinishReason,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     RollingLoglikelihoodRequest,
     SamplingParams,
-    ToolCall,
 )
 from ..errors import (
     BackendBrokenError,
@@ -63,7 +59,15 @@ from ..errors import (
     RateLimitedError,
     RequestRejectedError,
 )
-from ._minimal_match import NoMatchError, minimal_json, minimal_regex_match
+from ._mock_model import (
+    answer_within,
+    constrained_text,
+    content_text,
+    cut_at_stop,
+    echo_logprobs,
+    score,
+    tool_call,
+)
 from ._mock_thinking import THINK_END, ThinkingMode, thought_of
 
 __all__ = ["MockBackend"]
@@ -86,48 +90,6 @@ _NO_LOGITS = dict.fromkeys(
     (spec.name for spec in OPTIONAL_SPECS if spec.needs_logits),
     "the mock's echo model has no logits to apply it to",
 )
-
-
-def _content_text(content: str | list[dict[str, Any]]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(
-        p["text"] if p["type"] == "text" else f"[image {image_digest(p['image_url']['url'])}]"
-        for p in content
-    )
-
-
-def _token_logprob(previous: str, token: str, salt: int = 0) -> float:
-    # A fixed, made-up distribution: deterministic and always negative.
-    return -((ord(previous) * 31 + ord(token) + salt) % 13 + 1) / 10
-
-
-def _salt(adapter: str | None) -> int:
-    # 1..12, never 0 modulo 13: an adapter's logprob differs from the base model's at every token.
-    return 0 if adapter is None else 1 + sum(map(ord, adapter)) % 12
-
-
-def _answer(chars: list[str], limit: int, min_tokens: int) -> tuple[str, FinishReason]:
-    """The answer within ``limit`` tokens, before stop strings, and whether the limit ended it."""
-    while len(chars) < min_tokens:  # EOS is not allowed yet: the echo goes round again
-        chars += chars[: min_tokens - len(chars)]
-    # EOS may not come before min_tokens: with min_tokens == max_tokens the limit always ends it.
-    limited = len(chars) > limit or min_tokens >= max(1, limit)
-    return "".join(chars[:limit]), "length" if limited else "stop"
-
-
-def _stopped(out: str, finish: FinishReason, params: SamplingParams) -> tuple[str, FinishReason]:
-    """``out`` cut at its first stop string; a stop string ends a completion only once min_tokens are out."""
-    min_tokens = params.min_tokens or 0
-    ends = [out.find(s, max(0, min_tokens - len(s))) for s in params.stop]
-    cut = min((i for i in ends if i >= 0), default=-1)
-    return (out[:cut], "stop") if cut >= 0 else (out, finish)
-
-
-def _logprobs(prompt: str, generated: str, params: SamplingParams) -> tuple[float, ...] | None:
-    if not params.logprobs:
-        return None
-    return tuple(_token_logprob(p, c) for p, c in zip(prompt[-1:] + generated, generated, strict=False))
 
 
 class MockBackend(BaseBackend):
@@ -306,7 +268,7 @@ class MockBackend(BaseBackend):
             return head + prompt
         if request.prompt_kind == "tokens":
             return head + "".join(chr(0x20 + t % 95) for t in prompt)  # type: ignore[operator]
-        return head + "\n".join(f"{m['role']}: {_content_text(m['content'])}" for m in prompt)  # type: ignore[index]
+        return head + "\n".join(f"{m['role']}: {content_text(m['content'])}" for m in prompt)  # type: ignore[index]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Echo the prompt (greedy) or a seeded shuffle of it (sampling), ``n`` times."""
@@ -318,8 +280,8 @@ class MockBackend(BaseBackend):
         refuse_unclaimed_chat(request, self.capabilities, backend=self.name)
         refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         self._check_length(len(text) + params.max_tokens, request.request_id)
-        constrained = self._constrained(request)
-        call = self._tool_call(request, text)
+        constrained = constrained_text(request, self.name)
+        call = tool_call(request, text, self.name)
         await self._attempt(request.request_id or text, request.request_id)
         if call is not None:
             return GenerationResult(
@@ -349,91 +311,43 @@ class MockBackend(BaseBackend):
         before = "" if thought is None else thought + (THINK_END if self.thinking == "inline" else "")
         if len(before) > params.max_tokens:
             return self._cut_while_thinking(prompt, before[: params.max_tokens], params)
-        out, finish = _answer(chars, params.max_tokens - len(before), params.min_tokens or 0)
+        out, finish = answer_within(chars, params.max_tokens - len(before), params.min_tokens or 0)
         if self.thinking == "split" and thought is not None:
             # The stop strings end the answer only: a "\n" inside the thought does not cut it.
-            out, finish = _stopped(out, finish, params)
+            out, finish = cut_at_stop(out, finish, params)
             return Completion(
                 out,
                 tuple(map(ord, thought + out)),
-                _logprobs(prompt, thought + out, params),
+                echo_logprobs(prompt, thought + out, params),
                 finish,
                 reasoning=thought,
                 reasoning_tokens=len(thought),
             )
         # Without a reasoning parser (off, inline) the text is all that was generated: stops apply to it all.
-        out, finish = _stopped(before + out, finish, params)
-        return Completion(out, tuple(map(ord, out)), _logprobs(prompt, out, params), finish)
+        out, finish = cut_at_stop(before + out, finish, params)
+        return Completion(out, tuple(map(ord, out)), echo_logprobs(prompt, out, params), finish)
 
     def _cut_while_thinking(self, prompt: str, generated: str, params: SamplingParams) -> Completion:
         """max_tokens ran out before the thought ended: no answer (split), or the open thought (inline)."""
         if self.thinking == "inline":
-            text, finish = _stopped(generated, "length", params)
-            return Completion(text, tuple(map(ord, text)), _logprobs(prompt, text, params), finish)
+            text, finish = cut_at_stop(generated, "length", params)
+            return Completion(text, tuple(map(ord, text)), echo_logprobs(prompt, text, params), finish)
         return Completion(
             "",
             tuple(map(ord, generated)),
-            _logprobs(prompt, generated, params),
+            echo_logprobs(prompt, generated, params),
             "length",
             reasoning=generated,
             reasoning_tokens=len(generated),
             reasoning_truncated=True,
         )
 
-    def _tool_call(self, request: GenerationRequest, text: str) -> ToolCall | None:
-        """The call every completion makes, by the rule in the module docstring, or ``None``."""
-        if not request.tools or request.tool_choice == "none":
-            return None
-        if request.tool_choice == "auto":
-            last = _content_text(request.prompt[-1]["content"])  # type: ignore[index]  # tools need chat
-            tool = next((t for t in request.tools if t.name in last), None)
-        elif request.tool_choice == "required":
-            tool = request.tools[0]
-        else:
-            tool = next(t for t in request.tools if t.name == request.tool_choice)
-        if tool is None:
-            return None
-        try:
-            arguments = minimal_json(tool.parameters)
-        except NoMatchError as exc:
-            raise RequestRejectedError(
-                f"mock: tool {tool.name!r}: {exc}", backend=self.name, request_id=request.request_id
-            ) from exc
-        return ToolCall(f"call_{hashlib.sha256(text.encode()).hexdigest()[:8]}", tool.name, arguments)
-
-    def _constrained(self, request: GenerationRequest) -> str | None:
-        """The one text a ``regex`` or ``json_schema`` request gets, or ``None`` without a constraint."""
-        params = request.params
-        try:
-            if params.regex is not None:
-                text = minimal_regex_match(params.regex)
-            elif params.json_schema is not None:
-                text = minimal_json(params.json_schema)
-            else:
-                return None
-        except NoMatchError as exc:
-            raise RequestRejectedError(
-                f"mock: {exc}", backend=self.name, request_id=request.request_id
-            ) from exc
-        if len(text) < (params.min_tokens or 0):
-            raise RequestRejectedError(
-                f"mock: the constrained text {text!r} is shorter than min_tokens={params.min_tokens}",
-                backend=self.name,
-                request_id=request.request_id,
-            )
-        return text
-
-    def _score(self, context: str, continuation: str, adapter: str | None = None) -> tuple[float, ...]:
-        previous = (context or "\n")[-1] + continuation[:-1]
-        salt = _salt(adapter)
-        return tuple(_token_logprob(p, c, salt) for p, c in zip(previous, continuation, strict=True))
-
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
         """Score with the mock's fixed distribution; greedy means the continuation echoes the context."""
         refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         self._check_length(len(request.context) + len(request.continuation), request.request_id)
         await self._attempt(request.request_id or request.context + request.continuation, request.request_id)
-        parts = self._score(request.context, request.continuation, request.adapter)
+        parts = score(request.context, request.continuation, request.adapter)
         return LoglikelihoodResult(
             request.request_id,
             sum(parts),
@@ -446,5 +360,5 @@ class MockBackend(BaseBackend):
         """Score the whole text, each character given the ones before it."""
         refuse_unknown_adapter(request, self.adapters, backend=self.name, how="adapters option")
         await self._attempt(request.request_id or request.text, request.request_id)
-        parts = self._score("", request.text, request.adapter)
+        parts = score("", request.text, request.adapter)
         return LoglikelihoodResult(request.request_id, sum(parts), None, len(parts), parts)
