@@ -163,17 +163,25 @@ class RoutedBackend(BaseBackend):
     async def _attempt(self, method: str, request: Request) -> Any:
         await self._before_route(request)
         try:
-            return await self._router.call(method, request)
+            result = await self._router.call(method, request)
         except BackendError as exc:
             if not self._closed:
                 raise
             # Closed under the request: whatever the replica said (the router marks a closed replica's error
             # retryable, to fail over), the backend is gone, so the request ends here, never retried.
-            raise BackendClosedError(
-                f"the {self.name} backend was closed while this request was in flight",
-                backend=self.name,
-                request_id=request.request_id,
-            ) from exc
+            raise self._closed_in_flight(request) from exc
+        if self._closed:
+            # An answer that came while the pool closed (the router closes first, with awaits, then the
+            # replicas): a request in flight at aclose() ends in BackendClosedError, whichever came first.
+            raise self._closed_in_flight(request)
+        return result
+
+    def _closed_in_flight(self, request: Request) -> BackendClosedError:
+        return BackendClosedError(
+            f"the {self.name} backend was closed while this request was in flight",
+            backend=self.name,
+            request_id=request.request_id,
+        )
 
     async def _before_route(self, request: Request) -> None:
         """Subclass hook, awaited on the shared loop before each attempt: raise to refuse it."""
