@@ -53,18 +53,19 @@ class PooledBackend(ab.BaseBackend):
 
 
 def test_waiting_for_an_adapters_slot_is_not_timed() -> None:
-    # 8 requests in flight share 2 slots of 0.2 s: the last pair waits 0.6 s for a slot, longer than the
-    # 0.5 s timeout, yet only the 0.2 s holding a slot is timed, so nothing times out.
-    backend = PooledBackend(slots=2, service=0.2)
+    # 16 requests in flight share 2 slots of 0.3 s: the last pair waits 2.1 s for a slot, longer than the
+    # 1.2 s timeout, yet only the 0.3 s holding a slot is timed, so nothing times out (the 0.9 s between
+    # is room for a loaded machine's stalls).
+    backend = PooledBackend(slots=2, service=0.3)
     outcomes = ab.run_batch(
         backend,
-        requests(8),
-        concurrency=8,
-        timeout=0.5,
+        requests(16),
+        concurrency=16,
+        timeout=1.2,
         retry=ab.RetryPolicy(max_attempts=1),
         return_exceptions=True,
     )
-    assert [type(o).__name__ for o in outcomes] == ["GenerationResult"] * 8
+    assert [type(o).__name__ for o in outcomes] == ["GenerationResult"] * 16
     assert backend.max_holding == 2
 
 
