@@ -53,18 +53,19 @@ class PooledBackend(ab.BaseBackend):
 
 
 def test_waiting_for_an_adapters_slot_is_not_timed() -> None:
-    # 8 requests in flight share 2 slots of 0.2 s: the last pair waits 0.6 s for a slot, longer than the
-    # 0.5 s timeout, yet only the 0.2 s holding a slot is timed, so nothing times out.
-    backend = PooledBackend(slots=2, service=0.2)
+    # 16 requests in flight share 2 slots of 0.3 s: the last pair waits 2.1 s for a slot, longer than the
+    # 1.2 s timeout, yet only the 0.3 s holding a slot is timed, so nothing times out (the 0.9 s between
+    # is room for a loaded machine's stalls).
+    backend = PooledBackend(slots=2, service=0.3)
     outcomes = ab.run_batch(
         backend,
-        requests(8),
-        concurrency=8,
-        timeout=0.5,
+        requests(16),
+        concurrency=16,
+        timeout=1.2,
         retry=ab.RetryPolicy(max_attempts=1),
         return_exceptions=True,
     )
-    assert [type(o).__name__ for o in outcomes] == ["GenerationResult"] * 8
+    assert [type(o).__name__ for o in outcomes] == ["GenerationResult"] * 16
     assert backend.max_holding == 2
 
 
@@ -80,13 +81,14 @@ def test_a_part_hanging_on_a_slot_times_out_while_another_part_waits() -> None:
 
 
 def test_a_request_waiting_behind_a_hung_holder_is_served_after_the_holder_times_out() -> None:
-    # p0 holds the only slot and hangs; p1 waits (untimed) until p0 times out, then gets the slot.
+    # p0 holds the only slot and hangs; p1 waits (untimed) until p0 times out, then gets the slot. Its own
+    # 0.05 s leave a loaded machine most of the 1 s timeout.
     backend = PooledBackend(slots=1, service=0.05, hang_part=0, hang_request="p0")
     outcomes = ab.run_batch(
         backend,
         requests(2),
         concurrency=2,
-        timeout=0.3,
+        timeout=1.0,
         retry=ab.RetryPolicy(max_attempts=1),
         return_exceptions=True,
     )
@@ -100,11 +102,12 @@ def test_waiting_for_slot_pauses_only_a_timed_attempt() -> None:
 
         async def generate(self, request: ab.GenerationRequest) -> ab.GenerationResult:
             async with waiting_for_slot():
-                await asyncio.sleep(0.4)  # stands in for a shared rate limit's wait
+                await asyncio.sleep(2.0)  # stands in for a shared rate limit's wait
             return ab.GenerationResult(request.request_id, (ab.Completion("ok"),))
 
+    # Twice the timeout waiting, untimed; next to nothing timed, with a loaded machine's room in the 1 s.
     outcomes = ab.run_batch(
-        RateWaits(), requests(2), timeout=0.2, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
+        RateWaits(), requests(2), timeout=1.0, retry=ab.RetryPolicy(max_attempts=1), return_exceptions=True
     )
     assert all(isinstance(o, ab.GenerationResult) for o in outcomes)
 

@@ -114,19 +114,20 @@ def test_shared_tokens_per_minute() -> None:
 
 
 def test_waiting_for_the_shared_limits_is_not_timed() -> None:
-    # Two slots of 0.2 s for 8 requests in flight, and a rate of 10/s for 12 requests: the last ones wait
-    # well past the 0.5 s timeout, but only time holding a slot is timed.
-    server = Server(service=0.2)
+    # Two slots of 0.3 s for 16 requests in flight, and a rate of 10/s for 30 requests (a burst of 10): the
+    # last ones wait 2.1 s and 2 s, well past the 1.2 s and 1 s timeouts, but only time holding a slot is
+    # timed. The timeouts leave a loaded machine's stalls 0.9 s and 1 s of room on each request's own time.
+    server = Server(service=0.3)
     shared = ab.limited(server, concurrency=2)
     outcomes = ab.run_batch(
-        shared, requests(8), concurrency=8, timeout=0.5, retry=ab.RetryPolicy(max_attempts=1)
+        shared, requests(16), concurrency=16, timeout=1.2, retry=ab.RetryPolicy(max_attempts=1)
     )
-    assert len(outcomes) == 8 and server.max_in_flight == 2
+    assert len(outcomes) == 16 and server.max_in_flight == 2
 
     quick = Server(service=0.0)
     paced = ab.limited(quick, rate_limit=ab.RateLimit(requests_per_second=10))
-    outcomes = ab.run_batch(paced, requests(12), timeout=0.1, retry=ab.RetryPolicy(max_attempts=1))
-    assert len(outcomes) == 12
+    outcomes = ab.run_batch(paced, requests(30), timeout=1.0, retry=ab.RetryPolicy(max_attempts=1))
+    assert len(outcomes) == 30
 
 
 def test_a_hung_request_holding_a_shared_slot_still_times_out() -> None:

@@ -246,7 +246,14 @@ def test_ctrl_c_during_run_batch_cancels_in_flight_requests() -> None:
         import asyncbackends as ab
 
         backend = ab.create_backend("mock", latency=30)
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+        def interrupt_once_all_are_in_flight():
+            # The state, not a delay: a loaded machine may take longer than any guess to start the run.
+            while backend.in_flight < 8:
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_once_all_are_in_flight, daemon=True).start()
         try:
             ab.run_batch(backend, [ab.GenerationRequest(str(i)) for i in range(20)], concurrency=8)
         except KeyboardInterrupt:

@@ -120,14 +120,16 @@ async def test_requests_in_flight_during_aclose_end_closed(server: Server) -> No
 
 @pytest.mark.asyncio
 async def test_waiting_for_a_connection_is_not_timed(server: Server) -> None:
-    server.latency = 0.2
+    # 16 requests of 0.3 s through 2 connections: the last pair waits 2.1 s for a connection, longer than
+    # the 1.2 s per-attempt timeout, which still leaves a loaded machine 0.9 s more for one exchange.
+    server.latency = 0.3
     backend = await build(server.url, api_key="sk-x", max_connections=2)
     try:
         outcomes = await ab.gather(
             backend,
-            [ab.GenerationRequest(f"p{i}") for i in range(8)],
-            concurrency=8,
-            timeout=0.5,
+            [ab.GenerationRequest(f"p{i}") for i in range(16)],
+            concurrency=16,
+            timeout=1.2,
             retry=ab.RetryPolicy(max_attempts=1),
             return_exceptions=True,
         )

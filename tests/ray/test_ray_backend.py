@@ -114,12 +114,14 @@ def test_actor_killed_mid_run_loses_nothing(ray_cluster: Any, tmp_path: Path, on
     assert isinstance(backend, RayBackend)
     victim_pid = backend.replicas[1].pid  # the slot gets a new pid when restarted: keep this one
     requests = [ab.GenerationRequest(f"p{i}", request_id=f"k{i}") for i in range(40)]
+    # The victim holds whatever it starts: written before the run, so that no loaded machine's scheduling
+    # lets the run finish before the victim reads it.
+    hold.write_text(str(victim_pid))
     try:
         # Each attempt counts: without the failover, the kill would surface as an error (no retries here).
         future = ab.get_loop_manager().submit(
             ab.gather(backend, requests, concurrency=9, retry=ab.RetryPolicy(max_attempts=1))
         )
-        hold.write_text(str(victim_pid))  # the victim now holds whatever it starts
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             held = [rid for e, rid in read_events(logs).get(victim_pid, []) if e == "held"]

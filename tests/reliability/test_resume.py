@@ -13,7 +13,9 @@ from pathlib import Path
 
 import asyncbackends as ab
 
-N = 400
+# 2000 at 4 at a time, 20 ms each: the run lasts 10 s, so a test process a loaded machine leaves waiting
+# between seeing 60 results and its SIGKILL cannot find the run already finished (at 400 it lasted 2 s).
+N = 2000
 SCRIPT = textwrap.dedent(
     f"""
     import sys

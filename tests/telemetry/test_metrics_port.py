@@ -55,6 +55,15 @@ def value(families: dict[str, Any], sample_name: str, **labels: str) -> float:
     raise KeyError(f"{sample_name} {labels} not in {sorted(families)}")
 
 
+def _recorded(port: int) -> float:
+    """The requests whose duration the run's metrics server serves (0 before the first)."""
+    labels = {"gen_ai_operation_name": "text_completion", "gen_ai_request_model": "gated-model"}
+    try:
+        return value(scrape(port), "gen_ai_client_operation_duration_seconds_count", **labels)
+    except (KeyError, OSError):  # none recorded yet, or not serving yet
+        return 0.0
+
+
 @pytest.fixture
 def held_run(tmp_path: Path) -> Iterator[tuple[int, threading.Thread, list[int]]]:
     """The CLI running in a thread: FAST requests answered, then HELD requests waiting at the gate."""
@@ -75,6 +84,12 @@ def held_run(tmp_path: Path) -> Iterator[tuple[int, threading.Thread, list[int]]
     thread.start()
     try:
         assert gated.GATE.wait_for_held(HELD), "the held requests never reached the backend"
+        # The last held request can reach the backend while the last fast request's worker, on the shared
+        # loop's thread, is still between its answer and its record: wait for the FAST records too.
+        deadline = time.monotonic() + 60  # a safety net only: the wait is for the state
+        while _recorded(port) < FAST:
+            assert time.monotonic() < deadline and thread.is_alive(), "the fast requests were never recorded"
+            time.sleep(0.01)
         yield port, thread, status
     finally:
         gated.GATE.opened.set()

@@ -127,7 +127,8 @@ async def test_overloaded_server_concurrency_limit(
 @pytest.mark.asyncio
 async def test_client_timeout_option(make_server: MakeServer, make_backend: MakeBackend) -> None:
     server = await make_server(fail_attempts=1, failure="hang")
-    backend = await make_backend(server.url, timeout=0.3)
+    # Long enough that a loaded machine answers the second attempt within it: the first hangs for ever.
+    backend = await make_backend(server.url, timeout=2.0)
     (outcome,) = await ab.gather(backend, requests(1), retry=NO_RETRY, return_exceptions=True)
     assert type(outcome) is ab.BackendTimeoutError and outcome.retryable
     (result,) = await ab.gather(backend, requests(1), retry=NO_RETRY)  # the second attempt answers
@@ -138,7 +139,8 @@ async def test_client_timeout_option(make_server: MakeServer, make_backend: Make
 async def test_gather_timeout_retries_a_hang(make_server: MakeServer, make_backend: MakeBackend) -> None:
     server = await make_server(fail_attempts=1, failure="hang")
     backend = await make_backend(server.url)
-    (result,) = await ab.gather(backend, requests(1), timeout=0.3, retry=fast_retry(2))
+    # Long enough that a loaded machine answers the retry within it: the first attempt hangs for ever.
+    (result,) = await ab.gather(backend, requests(1), timeout=2.0, retry=fast_retry(2))
     assert result.text == "prompt 000" and server.attempts["prompt 000"] == 2
 
 

@@ -13,7 +13,7 @@ import asyncbackends as ab
 from asyncbackends._cache import backend_fingerprint
 from asyncbackends.testing.fake_tgi import FakeTGIServer, Limits
 
-from .conftest import TOKEN, MakeBackend, MakeServer, fast_retry
+from .conftest import TOKEN, MakeBackend, MakeServer, fast_retry, until
 
 
 def requests(count: int, max_tokens: int = 8) -> list[ab.GenerationRequest]:
@@ -128,14 +128,24 @@ async def test_server_goes_away_mid_run(make_server: MakeServer, make_backend: M
     server = await make_server(latency=0.03)
     backend = await make_backend(server.url)
     batch = requests(80)
+    answered: list[ab.RequestDone] = []
 
-    async def kill_soon() -> None:
-        await asyncio.sleep(0.15)
+    def keep_successes(done: ab.RequestDone) -> None:
+        if done.error_type is None:
+            answered.append(done)
+
+    async def kill_mid_run() -> None:
+        # Once the run has results (not after a delay a loaded machine may spend before the first answer):
+        # at 8 at a time, 30 ms each, most of the 80 are still to come.
+        await until(lambda: len(answered) >= 1)
         await server.stop()
 
-    killer = asyncio.ensure_future(kill_soon())
+    killer = asyncio.ensure_future(kill_mid_run())
     start = time.monotonic()
-    outcomes = await ab.gather(backend, batch, concurrency=8, retry=fast_retry(3), return_exceptions=True)
+    outcomes = await ab.gather(
+        backend, batch, concurrency=8, retry=fast_retry(3), return_exceptions=True,
+        callbacks=ab.RunCallbacks(on_request_done=keep_successes),
+    )  # fmt: skip
     await killer
     assert time.monotonic() - start < 10
     done = [o for o in outcomes if isinstance(o, ab.GenerationResult)]
