@@ -14,10 +14,12 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from .processes import start_group, stop_group, wait_until_serving
 from .tiny_engine import ENGINE_OPTIONS, build_backend
@@ -103,3 +105,29 @@ def serve_pair(model: str, work: Path, flags: tuple[str, ...] = (), **options: A
         if backend is not None:
             backend.close()
         stop_group(server)
+
+
+_SHARED: dict[str, Iterator[Pair]] = {}
+_PAIRS: dict[str, Pair] = {}
+
+
+def shared_pair(key: str, config: pytest.Config, start: Callable[[], Iterator[Pair]]) -> Pair:
+    """The pair ``start`` (a `serve_pair` iterator) starts, started once for the session under ``key``.
+
+    For a pair several test packages use (a start costs a minute here): it runs until `release_pair` (by its
+    last known user) or the session's end, whichever is first; a later request starts it again.
+    """
+    if key not in _PAIRS:
+        pairs = start()
+        _PAIRS[key] = next(pairs)
+        _SHARED[key] = pairs
+        config.add_cleanup(lambda: release_pair(key))
+    return _PAIRS[key]
+
+
+def release_pair(key: str) -> None:
+    """Stop the shared pair under ``key`` (backend closed, server stopped), if it runs."""
+    _PAIRS.pop(key, None)
+    pairs = _SHARED.pop(key, None)
+    if pairs is not None:
+        pairs.close()  # GeneratorExit at serve_pair's yield: its finally stops both

@@ -9,9 +9,9 @@ lighteval 0.13 was written for vLLM 0.10 (its metadata pins ``vllm>=0.10.0,<0.10
 - it imports ``get_tokenizer`` from ``vllm.transformers_utils.tokenizer``, which vLLM 0.32 moved to
   ``vllm.tokenizers``: the old name is made to point at the new module;
 - it passes ``swap_space`` to ``LLM``, which vLLM 0.32 no longer takes, and asks ``LLM.generate`` for
-  ``prompt_token_ids=[...]``, which vLLM 0.32 takes as ``TokensPrompt`` s: `lighteval_llm` builds the
-  ``LLM`` without the one and hands the other over in the new spelling, the same token ids, the same
-  sampling parameters.
+  ``prompt_token_ids=[...]``, which vLLM 0.32 takes as ``TokensPrompt`` s: `lighteval_llm_on` hands it an
+  ``LLM`` (one already running on the same weights) and passes the other on in the new spelling, the same
+  token ids, the same sampling parameters.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["lighteval_llm", "vllm_model"]
+__all__ = ["lighteval_llm_on", "vllm_model"]
 
 
 def _import() -> ModuleType:
@@ -54,12 +54,9 @@ vllm_model = _import()
 class _LLM:
     """vLLM 0.32's ``LLM`` with the calls lighteval 0.13 makes (vLLM 0.10's spelling)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        from vllm import LLM
-
-        kwargs.pop("swap_space", None)
-        self.llm = LLM(**kwargs)
-        self.llm_engine = self.llm.llm_engine
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.llm_engine = llm.llm_engine
 
     def generate(self, *, prompt_token_ids: list[list[int]], sampling_params: Any, use_tqdm: bool) -> Any:
         from vllm.inputs import TokensPrompt
@@ -68,6 +65,19 @@ class _LLM:
         return self.llm.generate(prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
 
 
-def lighteval_llm(**kwargs: Any) -> Any:
-    """What lighteval 0.13's ``VLLMModel`` builds as its ``LLM``, on vLLM 0.32."""
-    return _LLM(**kwargs)
+def lighteval_llm_on(llm: Any) -> Any:
+    """What lighteval 0.13's ``VLLMModel`` builds as its ``LLM``, on vLLM 0.32: ``llm``, an engine already
+    running on the weights it asks for (the suite starts one per model and shares it, `tests/parity/conftest`).
+
+    It checks that lighteval asks for what ``llm`` runs where scores depend on it (the weights, the dtype,
+    the context length); the settings left (seed, batch sizes, prefix caching, ``swap_space``) change no
+    prompt logprob.
+    """
+
+    def build(**kwargs: Any) -> Any:
+        config = llm.llm_engine.model_config
+        asked = (kwargs["model"], kwargs["dtype"], kwargs["max_model_len"])
+        assert asked == (config.model, str(config.dtype).removeprefix("torch."), config.max_model_len), asked
+        return _LLM(llm)
+
+    return build

@@ -7,8 +7,11 @@ the lighteval integration sends. Two layers, as in test_lm_eval_scoring.py:
 
 - the tokens, no engine, every tokenizer family and case: lighteval's own ``tok_encode_pair`` (its
   ``VLLMModel`` class, engine not started) against the prompt the adapters plan;
-- the scores, on tiny models of each family with the same weights: lighteval's ``VLLMModel`` (its engine;
-  `_lighteval_vllm` says what lets lighteval 0.13 run on vLLM 0.32) against `AsyncBackendsModel` on the ``vllm`` adapter: logprob and argmax_logits_eq_gold per choice.
+- the scores, on tiny models of each family with the same weights: lighteval's ``VLLMModel`` (its own
+  encoding, truncation and reading of the scores, on the offline engine it shares with lm-eval's reference;
+  `_lighteval_vllm` says what lets lighteval 0.13 run on vLLM 0.32) against `AsyncBackendsModel` on the
+  ``vllm`` adapter: logprob and argmax_logits_eq_gold per choice. The engines are the package's
+  (tests/parity/conftest.py), started once per family for both scoring modules.
 
 Empty contexts are left out for the GPT-2 family: lighteval's model then scores the prompt's first token,
 which has no logprob, and fails (a TypeError in its own code).
@@ -16,9 +19,6 @@ which has no logprob, and fails (a TypeError in its own code).
 
 from __future__ import annotations
 
-import gc
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,8 @@ from lighteval.tasks.requests import Doc
 
 from asyncbackends.integrations.lighteval import AsyncBackendsModel, AsyncBackendsModelConfig
 
-from ..tiny_engine import ENGINE_OPTIONS
-from ._lighteval_vllm import lighteval_llm, vllm_model
 from ._split_references import lighteval_pair
-from ._tokenizer_families import CASES, FAMILIES, build_tokenizer, family_model, planned, vllm_backend_on
+from ._tokenizer_families import CASES, FAMILIES, build_tokenizer, planned
 
 pytestmark = [
     # vLLM's engine shutdown leaves a ZMQ context for the garbage collector (reported to the adapter).
@@ -56,43 +54,6 @@ def test_planned_tokens_are_lighteval_tok_encode_pair(family: str) -> None:
 
 
 # -- the scores, with engines ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=FAMILIES, name="family_model")
-def _family_model(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, Path]:
-    return family_model(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def lighteval_reference(
-    family_model: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
-    config = vllm_model.VLLMModelConfig(
-        model_name=str(family_model[1]),
-        dtype=ENGINE_OPTIONS["dtype"],
-        gpu_memory_utilization=ENGINE_OPTIONS["gpu_memory_utilization"],
-        max_model_length=ENGINE_OPTIONS["max_model_len"],
-        cache_dir=str(tmp_path_factory.mktemp("lighteval-cache")),
-    )
-    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        patch.setattr(vllm_model, "LLM", lighteval_llm)
-        model = vllm_model.VLLMModel(config)
-    yield model
-    del model.model, model
-    # vLLM's LLM leaves a ZMQ context in a reference cycle: collected here, its ResourceWarning silenced,
-    # rather than by whichever later test (or pytest's session end, which fails the run) meets it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
-@pytest.fixture(scope="module")
-def ours(family_model: tuple[str, Path]) -> Iterator[Any]:
-    yield from vllm_backend_on(family_model[1])
 
 
 def _docs(family: str) -> list[Doc]:

@@ -7,14 +7,12 @@ tokens beyond their count. Where a token crosses the boundary ("is 4" + "2.", " 
 - the tokens, with no engine, on every tokenizer family and case: lm-eval's own ``VLLM.loglikelihood``
   encoding (its class, engine not started; `_split_references`) against the prompt the adapters plan;
 - the scores, on tiny models of each family with the same weights: lm-eval's ``VLLM`` (its engine) against
-  `AsyncBackendsLM` on the ``vllm`` adapter: logprob, is_greedy and the number of scored tokens.
+  `AsyncBackendsLM` on the ``vllm`` adapter: logprob, is_greedy and the number of scored tokens. The engines
+  are the package's (tests/parity/conftest.py), started once per family for both scoring modules.
 """
 
 from __future__ import annotations
 
-import gc
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,8 @@ import asyncbackends as ab
 from asyncbackends._text import EncodePairRequest
 from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
-from ..tiny_engine import ENGINE_OPTIONS
-from ._split_references import instances, lm_eval_pairs, lm_eval_vllm_class
-from ._tokenizer_families import CASES, FAMILIES, build_tokenizer, family_model, planned, vllm_backend_on
+from ._split_references import instances, lm_eval_pairs
+from ._tokenizer_families import CASES, FAMILIES, build_tokenizer, planned
 
 pytestmark = [
     # vLLM's engine shutdown leaves a ZMQ context for the garbage collector (reported to the adapter).
@@ -65,33 +62,6 @@ LONG = ("The answer is 42. " * 580, "Yes!")
 
 
 # -- the scores, with engines ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=FAMILIES, name="family_model")
-def _family_model(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, Path]:
-    return family_model(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def lm_eval_reference(family_model: tuple[str, Path]) -> Iterator[Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        model = lm_eval_vllm_class()(pretrained=str(family_model[1]), **ENGINE_OPTIONS)
-    yield model
-    del model.model, model
-    # vLLM's LLM leaves a ZMQ context in a reference cycle: collected here, its ResourceWarning silenced,
-    # rather than by whichever later test (or pytest's session end, which fails the run) meets it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
-@pytest.fixture(scope="module")
-def ours(family_model: tuple[str, Path]) -> Iterator[Any]:
-    yield from vllm_backend_on(family_model[1])
 
 
 @pytest.mark.vllm

@@ -32,9 +32,13 @@ def _generate(backend: Any, prompt: Any, **params: Any) -> ab.Completion:
 def test_a_text_prompts_output_comes_back_whole_as_from_v1_completions(
     reasoning_pair: Pair, text: str
 ) -> None:
-    served = reasoning_pair.complete(text, max_tokens=MAX_TOKENS)["choices"][0]
+    whole = reasoning_pair.complete(text, max_tokens=MAX_TOKENS)
+    served = whole["choices"][0]
     completion = _generate(reasoning_pair.backend, text)
     assert list(completion.token_ids) == served["token_ids"]
+    # The completions endpoint counts no thinking: no details, or 0 (the chat endpoint's count is checked
+    # in tests/reasoning/test_vllm_serve_reasoning.py).
+    assert not (whole["usage"].get("completion_tokens_details") or {}).get("reasoning_tokens")
     assert (completion.text, completion.reasoning) == (served["text"], None)
     assert (completion.reasoning_tokens, completion.reasoning_truncated) == (0, False)
     assert completion.finish_reason == served["finish_reason"]

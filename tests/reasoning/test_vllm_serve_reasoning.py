@@ -1,6 +1,7 @@
 """The in-process ``vllm`` adapter with ``reasoning_parser`` against a real ``vllm serve --reasoning-parser``
 on the tiny reasoning model, for two parser families: the same token ids, thinking and answer; thinking
-budgets; stop strings that end the answer only; the ``openai`` adapter reading the server's split."""
+budgets; ``reasoning_tokens`` equal to the server's ``usage`` (issue 53 item 12); stop strings that end the
+answer only; the ``openai`` adapter reading the server's split and count."""
 
 from __future__ import annotations
 
@@ -40,10 +41,24 @@ def _piece(text: str) -> str:
     return next(text[i : i + 2] for i in range(len(text) - 1) if "\ufffd" not in text[i : i + 2])
 
 
+def _thought_length(backend: Any, token_ids: Any) -> int | None:
+    """The generated tokens up to and including the thought's closing marker (``None``: it never closed)."""
+    end = backend.tokenizer.convert_tokens_to_ids("</think>")
+    return list(token_ids).index(end) + 1 if end in token_ids else None
+
+
+def _served_reasoning_tokens(served: dict[str, Any]) -> int:
+    """What the server reports in ``usage.completion_tokens_details.reasoning_tokens``."""
+    details = served["usage"]["completion_tokens_details"]
+    assert isinstance(details["reasoning_tokens"], int)  # a server with a reasoning parser always says
+    return int(details["reasoning_tokens"])
+
+
 def _assert_same_as_server(completion: ab.Completion, served: dict[str, Any]) -> None:
     choice = served["choices"][0]
     message = choice["message"]
     assert list(completion.token_ids) == choice["token_ids"]
+    assert completion.reasoning_tokens == _served_reasoning_tokens(served)
     assert completion.reasoning == message.get("reasoning")
     assert completion.finish_reason == choice["finish_reason"]
     # The server returns the unfinished thought with no content; the adapter says so and gives no answer.
@@ -51,17 +66,22 @@ def _assert_same_as_server(completion: ab.Completion, served: dict[str, Any]) ->
 
 
 def test_split_equals_vllm_serve_where_the_thought_closes_and_where_it_does_not(pair: Pair) -> None:
-    truncated = []
+    truncated, counts = [], []
     for prompt in CLOSES + RUNS_ON:
         completion = _generate(pair.backend, prompt, max_tokens=MAX_TOKENS)
         _assert_same_as_server(completion, pair.chat(_messages(prompt), max_tokens=MAX_TOKENS))
         truncated.append(completion.reasoning_truncated)
+        counts.append(completion.reasoning_tokens)
+        thought = _thought_length(pair.backend, completion.token_ids)
         if completion.reasoning_truncated:
-            assert completion.text == "" and completion.finish_reason == "length"
-            assert completion.reasoning_tokens == MAX_TOKENS
-        else:  # the thought closed: its tokens end with the closing marker
-            assert 0 < completion.reasoning_tokens < MAX_TOKENS
+            assert completion.text == "" and completion.finish_reason == "length" and thought is None
+        else:  # the thought closed within the output
+            assert thought is not None and 0 < thought < MAX_TOKENS
     assert truncated == [False] * len(CLOSES) + [True] * len(RUNS_ON)
+    # What makes the count's equality above a real check: the two parser families count differently.
+    # deepseek_r1 counts only tokens between markers in the output (none: the template opens the thought in
+    # the prompt); qwen3 counts the thought's tokens without its closing marker.
+    assert any(counts) if pair.parser == "qwen3" else not any(counts), counts
 
 
 @pytest.mark.parametrize("budget", [0, 2, 5])
@@ -73,7 +93,8 @@ def test_thinking_budget_equals_vllm_serve_and_bounds_the_thought(pair: Pair, bu
         _assert_same_as_server(completion, served)
         # Forced closed: never truncated, and no more than the budget plus the closing marker.
         assert not completion.reasoning_truncated
-        assert 1 <= completion.reasoning_tokens <= budget + 1
+        thought = _thought_length(pair.backend, completion.token_ids)
+        assert thought is not None and 1 <= thought <= budget + 1
 
 
 @pytest.mark.parametrize(
@@ -98,6 +119,7 @@ def test_openai_adapter_reads_the_same_split_from_the_server(pair: Pair, idle: f
                 [remote] = result.completions
                 assert remote.token_ids == inproc.token_ids
                 assert (remote.reasoning, remote.text) == (inproc.reasoning, inproc.text)
+                assert remote.reasoning_tokens == inproc.reasoning_tokens
                 assert (remote.finish_reason, remote.reasoning_truncated) == (
                     inproc.finish_reason,
                     inproc.reasoning_truncated,
@@ -144,7 +166,8 @@ def test_a_stop_string_inside_the_thought_does_not_cut_it(pair: Pair) -> None:
     assert kept == free.token_ids[: len(kept)]
     tokenizer = pair.backend.tokenizer
     stop = in_answer if free.text.find(in_answer) == cut else in_thought
-    after = free.reasoning_tokens
+    after = _thought_length(pair.backend, free.token_ids)
+    assert after is not None
     assert stop in tokenizer.decode(list(kept[after:]))
     assert stop not in tokenizer.decode(list(kept[after:-1]))
 

@@ -8,11 +8,13 @@ composes (``ParserManager.get_parser``), constructed and called as its chat hand
 ``set_prompt_token_ids`` with the prompt, then ``parse(text, request, model_output_token_ids=...)``. Tool
 calls are read from the answer afterwards (`_chat`).
 
-``reasoning_tokens`` counts the generated tokens up to and including the one at which the parser's
-``is_reasoning_end_streaming`` says thinking ended (the check the engine's structured-output gate makes each
-step), or every generated token while it never ended. The server's own count (``count_reasoning_tokens``)
-counts only tokens between a start and an end marker in the output, which is 0 for a template that opens the
-thought in the prompt, as DeepSeek-R1's does.
+``reasoning_tokens`` is the server's number for the same output: its chat handler's
+``parser.count_reasoning_tokens(token_ids)`` on the parser it just parsed with (vLLM's own count, which the
+``openai`` adapter reads from ``usage.completion_tokens_details``). It leaves out the markers, and a legacy
+start/end-token parser (``deepseek_r1``) counts only tokens between a start and an end marker in the output:
+0 for a template that opens the thought in the prompt, as DeepSeek-R1's does (docs/reasoning.md says what a
+user gets). Where the thought ended (for ``reasoning_truncated`` and stop strings) is the generated token at
+which the parser's ``is_reasoning_end_streaming`` says so (the check of the engine's structured-output gate).
 
 Stop strings end generation only once thinking has ended (`ThoughtStops`): the engine is sent the request
 without them and streams its output; once the parser sees the thought closed, the stops are searched in the
@@ -111,8 +113,9 @@ class ReasoningPath:
         """
         parser = self.parser(prompt_ids)
         reasoning, content = self.parse(parser, completion.text, completion.token_ids)
+        # Counted as the server counts, right after the parse on the same parser (issue 53 item 12).
+        spent = parser.count_reasoning_tokens(completion.token_ids)
         ended = thought_end(parser, prompt_ids, completion.token_ids)
-        spent = ended if ended is not None else (len(completion.token_ids) if reasoning is not None else 0)
         truncated = ended is None and reasoning is not None and completion.finish_reason == "length"
         return dataclasses.replace(
             completion,
