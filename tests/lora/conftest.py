@@ -101,3 +101,16 @@ def lora_backend(_offline_process: Any, base_model: str, adapters: dict[str, str
     backend = build_backend(base_model, lora_modules=adapters)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="package")
+def peft_models(base_model: str, adapters: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """transformers + peft: the plain base (``""``) and each adapter (`load_peft_models`), one thread."""
+    import torch
+
+    from ._peft_reference import load_peft_models
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # leave the other core to the engine
+    yield load_peft_models(base_model, adapters)
+    torch.set_num_threads(threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import asyncbackends as ab
-from asyncbackends.adapters._lora_dirs import read_lora_modules
+from asyncbackends.adapters._lora_dirs import LoraModules, read_lora_modules
 from asyncbackends.adapters.vllm._lora import lora_engine_options
 
 from .conftest import ADAPTER_SEEDS
@@ -53,6 +54,35 @@ def test_on_a_cpu_one_slot_is_kept_spare(tmp_path: Path) -> None:
     assert lora_engine_options(modules, {"max_loras": 5}, on_cpu=True)["max_loras"] == 5
     with pytest.raises(ab.InvalidRequestError, match=r"max_loras must be at least .* \(3\), got 2"):
         lora_engine_options(modules, {"max_loras": 2}, on_cpu=True)
+
+
+def test_on_a_cpu_lora_targets_the_modules_the_adapters_train_unless_that_is_not_known(
+    tmp_path: Path,
+) -> None:
+    # vLLM's CPU LoRA logits kernel (the lm_head's) fails on prompt logprobs in a batch: left unwrapped
+    # where no adapter trains the lm_head, so prompt logprobs are asked in batches (the scoring tests).
+    folders = itertools.count()
+
+    def modules(*configs: dict[str, object]) -> LoraModules | None:
+        return read_lora_modules(
+            {f"m{i}": _adapter(tmp_path / str(next(folders)), 8, **c) for i, c in enumerate(configs)}
+        )
+
+    qv, o = {"target_modules": ["v_proj", "q_proj"]}, {"target_modules": ["o_proj"]}
+    both = modules(qv, o)
+    assert lora_engine_options(both, {}, on_cpu=True)["lora_target_modules"] == ["o_proj", "q_proj", "v_proj"]
+    assert "lora_target_modules" not in lora_engine_options(both, {}, on_cpu=False)
+    given = lora_engine_options(both, {"lora_target_modules": ["q_proj", "lm_head"]}, on_cpu=True)
+    assert given["lora_target_modules"] == ["q_proj", "lm_head"]
+    unknown: list[dict[str, object]] = [
+        {"target_modules": "all-linear"},  # peft's own shorthand / a regex: not vLLM's names
+        {"target_modules": ["model.layers.0.self_attn.q_proj"]},  # a path: vLLM's module paths differ
+        {"target_modules": ["q_proj", "lm_head"]},
+        {"target_modules": ["q_proj"], "modules_to_save": ["lm_head"]},
+        {},
+    ]
+    for config in unknown:
+        assert "lora_target_modules" not in lora_engine_options(modules(qv, config), {}, on_cpu=True), config
 
 
 def test_bad_options_are_refused_with_what_to_do(tmp_path: Path) -> None:

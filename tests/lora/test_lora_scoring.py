@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 import asyncbackends as ab
 
 from ..parity._split_references import lighteval_pair
+from ._peft_reference import peft_score
 from .conftest import ADAPTER_SEEDS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -23,40 +23,6 @@ PAIRS = [
     ("", "Once upon a time"),  # empty context: BOS stands in
 ]
 ROLLING = "Once upon a time there was a small model that lived on a CPU."
-
-
-@pytest.fixture(scope="module")
-def peft_models(base_model: str, adapters: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """The plain base (``""``) and each adapter on its own copy of the base, transformers + peft, float32."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # leave the other core to the engine
-
-    def base() -> Any:
-        return AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).eval()
-
-    models = {"": base()}
-    for name, path in adapters.items():
-        models[name] = PeftModel.from_pretrained(base(), path).eval()
-    yield models
-    torch.set_num_threads(threads)
-
-
-def _score(model: Any, token_ids: list[int], scored: int) -> tuple[list[float], bool]:
-    """Each of the last ``scored`` tokens' logprob, and whether every one was the unique argmax."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0].log_softmax(-1)
-    parts, greedy = [], True
-    for pos in range(len(token_ids) - scored, len(token_ids)):
-        row = logits[pos - 1]
-        parts.append(row[token_ids[pos]].item())
-        greedy &= int(row.argmax()) == token_ids[pos]
-    return parts, greedy
 
 
 def test_loglikelihoods_equal_transformers_with_peft_for_each_adapter_and_the_base(
@@ -77,17 +43,21 @@ def test_loglikelihoods_equal_transformers_with_peft_for_each_adapter_and_the_ba
         model = peft_models[name or ""]
         for i, (context, continuation) in enumerate(PAIRS):
             ids, scored = lighteval_pair(hf_tokenizer, context, continuation)
-            parts, greedy = _score(model, ids, scored)
+            parts, greedy = peft_score(model, ids, scored)
             result = results[f"{i}-{name}"]
             assert result.num_tokens == scored
             assert result.token_logprobs == pytest.approx(parts, abs=1e-4), (name, context, continuation)
             assert result.logprob == pytest.approx(sum(parts), abs=1e-4)
             assert result.is_greedy is greedy
             sums.setdefault(name or "", []).append(result.logprob)
-        parts, _ = _score(model, [hf_tokenizer.bos_token_id, *rolling_ids], len(rolling_ids))
+        parts, _ = peft_score(model, [hf_tokenizer.bos_token_id, *rolling_ids], len(rolling_ids))
         rolling = results[f"rolling-{name}"]
         assert rolling.num_tokens == len(rolling_ids)
         assert rolling.token_logprobs == pytest.approx(parts, abs=1e-4), name
+    # On a CPU too, the adapters' several-token choices were read from prompt logprobs asked in batches with
+    # other adapters' and the base's (lora_target_modules leaves vLLM's CPU LoRA logits kernel out: _lora).
+    assert lora_backend._scoring.mode.prompt_logprobs
+    assert all(lora_backend._adapters._scorings[name].prompt_requests > 0 for name in ADAPTER_SEEDS)
     # The adapters move every score (so the comparison could fail).
     for name in ADAPTER_SEEDS:
         assert all(abs(a - b) > 1e-2 for a, b in zip(sums[name], sums[""], strict=True)), name

@@ -1,6 +1,10 @@
 """``engines=2`` with LoRA adapters: every engine knows every adapter by the same id, and serves it exactly.
 
-Named to run after the package engine's tests: two more engine starts (together, on a CPU).
+These engines are told to wrap the ``lm_head`` too (``lora_target_modules``, as vLLM does where it is not
+given): vLLM's CPU LoRA logits kernel then runs, prompt logprobs cannot be asked in batches, and the scorer
+asks every scored token as a one-token continuation (`_lora.prompt_logprobs_work`), checked here against
+transformers + peft. Named to run after the package engine's tests: two more engine starts (together, on a
+CPU).
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends.testing._tiny_lora import TINY_LORA_TARGET_MODULES
 
+from ..parity._split_references import lighteval_pair
 from ..tiny_engine import build_backend
+from ._peft_reference import peft_score
 from .conftest import ADAPTER_SEEDS, REFERENCE_MAX_TOKENS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -24,7 +31,8 @@ COPIES = 4  # each (prompt, adapter) this many times: enough requests in flight 
 
 @pytest.fixture(scope="module")
 def two_engines(base_model: str, adapters: dict[str, str]) -> Iterator[Any]:
-    backend = build_backend(base_model, engines=2, lora_modules=adapters)
+    targets = [*TINY_LORA_TARGET_MODULES, "lm_head"]
+    backend = build_backend(base_model, engines=2, lora_modules=adapters, lora_target_modules=targets)
     yield backend
     backend.close()
 
@@ -67,3 +75,23 @@ def test_two_engines_serve_each_adapter_as_offline_generate(
     # Both engines served adapter requests (the pool's routing split the run).
     assert all(sum(c[n] for n in ADAPTER_SEEDS) > 0 for c in served), served
     assert sum(sum(c.values()) for c in served) == len(requests)
+
+
+def test_where_the_lm_head_is_wrapped_each_token_is_scored_alone_and_equals_peft(
+    two_engines: Any, peft_models: dict[str, Any], hf_tokenizer: Any
+) -> None:
+    assert not any(engine._scoring.mode.prompt_logprobs for engine in two_engines.engines)
+    pairs = [("The quick brown", " fox jumps"), ("Question: What is two plus two? Answer:", " four.")]
+    requests = [
+        ab.LoglikelihoodRequest(context, continuation, request_id=f"{i}-{name}", adapter=name)
+        for i, (context, continuation) in enumerate(pairs)
+        for name in NAMES
+    ]
+    results = {r.request_id: r for r in ab.run_batch(two_engines, requests)}
+    for i, (context, continuation) in enumerate(pairs):
+        ids, scored = lighteval_pair(hf_tokenizer, context, continuation)
+        for name in NAMES:
+            parts, greedy = peft_score(peft_models[name or ""], ids, scored)
+            result = results[f"{i}-{name}"]
+            assert result.token_logprobs == pytest.approx(parts, abs=1e-4), (name, context)
+            assert result.is_greedy is greedy

@@ -15,9 +15,16 @@ adapter (``request.adapter``; ``None`` is the base) and is sent with that adapte
   without an adapter is marked ``-1``, which those kernels read as Python's last index: in a batch that
   holds adapter requests, a base request was computed with the last slot's adapter. So on a CPU one slot
   more is kept, never filled (``max_loras`` defaults to the number of modules + 1, and a smaller one is
-  refused), and ``-1`` reads its zeros. And ``prompt_logprobs`` fail there (the engine core dies) whenever
-  the batch holds another request, base or adapter, so the engine's scorer asks every scored token as a
-  one-token continuation instead (`prompt_logprobs_work`, `_scoring_path`).
+  refused), and ``-1`` reads its zeros. And vLLM wraps the ``lm_head`` too unless told which modules LoRA
+  targets: its CPU logits kernel takes one adapter index per request but a row per prompt token, so
+  ``prompt_logprobs`` in a batch of several requests kill the engine core (an ``einsum`` shape error). So on
+  a CPU ``lora_target_modules`` defaults to the modules the adapters train (the union of their
+  ``adapter_config.json`` ``target_modules``, `adapter_targets`) when none of them trains the ``lm_head``:
+  the logits are then the base's own (an adapter that leaves the ``lm_head`` alone adds nothing to them)
+  and prompt logprobs are asked in batches like the base's. Where that cannot be read (a regex or
+  ``"all-linear"``, a dotted path, ``modules_to_save``, an ``lm_head`` target) or the user's
+  ``lora_target_modules`` names the ``lm_head``, the engine's scorer asks every scored token as a one-token
+  continuation instead (`prompt_logprobs_work`, `_scoring_path`), which is exact but slower.
 - Each name gets a ``LoRARequest`` id from its place among the names sorted (1, 2, ...): the same in every
   engine of ``engines=N`` and after every restart, since all are built from the one `LoraModules`, and the
   same in every process given the same names.
@@ -30,7 +37,10 @@ adapter (``request.adapter``; ``None`` is the base) and is sent with that adapte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..._refusals import refuse_unknown_adapter
@@ -46,12 +56,43 @@ if TYPE_CHECKING:
 __all__ = [
     "LORA_RANKS",
     "AdapterPaths",
+    "adapter_targets",
     "lora_engine_options",
     "prompt_logprobs_work",
 ]
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``max_lora_rank`` values vLLM accepts (its ``MaxLoRARanks``, vLLM 0.32)."""
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOGITS_MODULE = "lm_head"  # the module vLLM wraps in its LoRA logits processor (vllm.lora.model_manager)
+
+
+def adapter_targets(paths: Iterable[str]) -> list[str] | None:
+    """The modules the adapters at ``paths`` train, sorted, or ``None`` where that is not known exactly.
+
+    Read from each ``adapter_config.json`` (peft's ``target_modules``). ``None`` (vLLM then wraps every
+    module it supports, the ``lm_head`` included) unless every adapter lists plain module names (vLLM's
+    ``lora_target_modules`` matches names, not peft's regexes, ``"all-linear"`` or dotted paths), none of
+    them is the ``lm_head``, and none has ``modules_to_save``.
+    """
+    targets: set[str] = set()
+    for path in paths:
+        try:
+            config = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        names = config.get("target_modules") if isinstance(config, dict) else None
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) and _MODULE_NAME.fullmatch(n) for n in names)
+            or any(_LOGITS_MODULE in n for n in names)
+            or config.get("modules_to_save")
+        ):
+            return None
+        targets.update(names)
+    return sorted(targets)
 
 
 def lora_engine_options(
@@ -96,17 +137,27 @@ def lora_engine_options(
             "vLLM's CPU kernels compute a request without an adapter with the last slot's, which must stay "
             "empty; leave it out to take that"
         )
+    if on_cpu and "lora_target_modules" not in options:
+        targets = adapter_targets(m.path for m in modules.by_name.values())
+        if targets is not None:
+            options["lora_target_modules"] = targets
     return options
 
 
 def prompt_logprobs_work(engine: Any) -> bool:
-    """Whether ``engine`` (an ``AsyncLLM``) can be asked for ``prompt_logprobs``: not on a CPU with LoRA.
+    """Whether ``engine`` (an ``AsyncLLM``) can be asked for ``prompt_logprobs`` in batches.
 
-    vLLM's CPU LoRA logits kernel is given one adapter index per request but a row per prompt token, and
-    the engine core dies on the shape mismatch whenever a batch of several requests asks for them.
+    Not where vLLM's CPU LoRA logits kernel runs: a CPU engine with LoRA whose ``lora_target_modules`` is
+    unset (every supported module) or names the ``lm_head``. That kernel is given one adapter index per
+    request but a row per prompt token, and the engine core dies on the shape mismatch whenever a batch of
+    several requests asks for them.
     """
     config = engine.vllm_config
-    return config.lora_config is None or config.device_config.device_type != "cpu"
+    lora = config.lora_config
+    if lora is None or config.device_config.device_type != "cpu":
+        return True
+    targets = lora.target_modules
+    return targets is not None and not any(_LOGITS_MODULE in t for t in targets)
 
 
 class AdapterPaths:

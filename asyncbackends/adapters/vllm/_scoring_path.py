@@ -19,10 +19,12 @@ each recompute the whole context. Chosen once, from what the installed vLLM offe
 
 Rolling loglikelihood (every position scored) keeps ``prompt_logprobs``.
 
-An engine whose ``prompt_logprobs`` cannot be used (a CPU engine with LoRA enabled, `_lora`: vLLM's CPU LoRA
-kernels fail on them, the engine core dying, whenever the batch holds another request) asks every scored
-token as a one-token continuation of the tokens before it instead (``ScoringMode.prompt_logprobs`` false),
-rolling windows too: one engine request per scored position, the prefix cache sharing the prompts' work.
+An engine whose ``prompt_logprobs`` cannot be used (a CPU engine with LoRA whose ``lm_head`` vLLM wraps,
+`_lora.prompt_logprobs_work`: vLLM's CPU LoRA logits kernel fails on them, the engine core dying, whenever
+the batch holds another request; `_lora` leaves the ``lm_head`` unwrapped where the adapters do not train
+it) asks every scored token as a one-token continuation of the tokens before it instead
+(``ScoringMode.prompt_logprobs`` false), rolling windows too: one engine request per scored position, the
+prefix cache sharing the prompts' work.
 """
 
 from __future__ import annotations
