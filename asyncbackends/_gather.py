@@ -110,6 +110,8 @@ async def gather(
 
     Returns:
         One `GenerationResult` / `LoglikelihoodResult` per request, or its error with ``return_exceptions``.
+        A list: the requests (a generator is read into one first) and their results are all held, so memory
+        grows with N. For a run too large for that, pass a generator to `as_completed`, which streams it.
 
     Raises:
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
