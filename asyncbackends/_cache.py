@@ -33,6 +33,7 @@ from ._cache_codec import (
 )
 from ._cache_writer import GroupWriter, Row
 from ._protocol import AsyncBackend
+from ._run_feed import Gate
 from ._types import GenerationRequest, Request, Result
 from .errors import InvalidRequestError
 
@@ -166,6 +167,11 @@ class ResponseCache(BatchRecords, CacheAdmin):
             self._writer.put(key, (result, backend_name))
         except RuntimeError as exc:  # closed under a run: as a failed write, the caller still gets it
             log.warning("response cache %s: write failed: %s", self.path, exc)
+
+    @property
+    def backlog(self) -> Gate:
+        """Results queued and not yet committed: a run sends nothing new while it is full."""
+        return self._writer.backlog
 
     def flush(self) -> None:
         """Block until every queued result is committed."""

@@ -246,7 +246,7 @@ async def as_completed(
             else:
                 item = queue.get_nowait()
             if gate is not None:
-                gate.read_one()
+                gate.took()
             yield item
     finally:
         # Cancelled while waiting (Ctrl-C on the CLI): the getter would otherwise stay pending on a loop that

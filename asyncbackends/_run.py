@@ -236,6 +236,7 @@ class Run:
 
     async def work_on(self, slot: AttemptClock, items: Iterator[Item]) -> None:
         sink, metrics, observer, gate = self.sink, self.metrics, self.observer, self.gate
+        backlog = None if self.cache is None else self.cache.backlog
         bar = self.bar  # made before the workers start
         timed = metrics is not None or observer is not None
         for index, request in items:
@@ -244,6 +245,8 @@ class Run:
                 await gate.room()
             if request is None:  # `PAUSE` between cache hits, no request of its own
                 continue
+            if backlog is not None and backlog.full():
+                await backlog.room()  # the cache's writer is that many results behind: let it catch up
             start = time.perf_counter() if timed else 0.0
             key = self.keys.pop(index, None)
             if observer is None:

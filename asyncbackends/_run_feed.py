@@ -5,9 +5,10 @@ takes the next pair only when it is free, so a generator handed to `as_completed
 per freed slot (a cached run reads one lookup chunk ahead), never materialised. A streamed run knows no
 total: its progress bar counts up, and ``RunMetrics.requests`` counts the requests as they are taken.
 
-`Gate` is the other half of streaming: results delivered to a caller who has not read them yet. A streamed
-`as_completed` lets the run take no further request while ``bound`` results wait unread, so what a run of a
-million requests holds at once is bounded by its concurrency, not by N.
+`Gate` is the other half of streaming: a count of what was handed on and not yet taken, which a run waits on
+before taking its next request. A streamed `as_completed` gates the results its reader has not read yet
+(``bound``: the concurrency), and the response cache the results its writer thread has not committed yet
+(`_cache_writer`), so what a run of a million requests holds at once is bounded, not grown with N.
 """
 
 from __future__ import annotations
@@ -42,47 +43,47 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 class Gate:
-    """How many results a streamed run may have delivered that its caller has not read yet.
+    """How many things (results) a run may have handed on that the other side has not taken yet.
 
-    The run calls `delivered_one` as it delivers a result and, before taking its next request, `full`
-    (and `room` when full); the caller calls `read_one` for each result it reads, from any thread. Waiting
-    workers wake once the caller has read down to half the bound, one wake-up per half-bound, not per read.
+    The run calls `delivered_one` as it hands one on and, before taking its next request, `full` (and
+    `room` when full); the other side calls `took` for those it takes, from any thread. Waiting workers
+    wake once it has taken them down to half the bound: one wake-up per half-bound, not per item.
 
     Args:
-        bound: Most results delivered and unread before the run stops taking requests.
+        bound: Most handed on and not taken before the run stops taking requests.
     """
 
     def __init__(self, bound: int) -> None:
         self.bound = max(1, bound)
         self.low = self.bound // 2
-        self.delivered = 0  # written on the run's loop only
-        self.read = 0  # written by the caller only, under the lock
+        self.delivered = 0  # written on the run's side only
+        self.taken = 0  # written by the other side only, under the lock
         self._lock = threading.Lock()
         self._waiters: list[asyncio.Future[None]] = []
 
     def full(self) -> bool:
-        """Whether ``bound`` results wait unread (a read on another thread may show late: `room` rechecks)."""
-        return self.delivered - self.read >= self.bound
+        """Whether ``bound`` wait untaken (one taken on another thread may show late: `room` rechecks)."""
+        return self.delivered - self.taken >= self.bound
 
     def delivered_one(self) -> None:
-        """One more result handed to the caller."""
+        """One more handed on."""
         self.delivered += 1
 
     async def room(self) -> None:
-        """Return once fewer than ``bound`` results wait unread."""
+        """Return once fewer than ``bound`` wait untaken."""
         with self._lock:
-            if self.delivered - self.read < self.bound:
+            if self.delivered - self.taken < self.bound:
                 return
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
         # Each worker its own future: one cancelled worker must not cancel the others' wait.
         await waiter
 
-    def read_one(self) -> None:
-        """The caller read one result; wake the waiting workers once half the bound is read."""
+    def took(self, count: int = 1) -> None:
+        """The other side took ``count``; wake the waiting workers once down to half the bound."""
         with self._lock:
-            self.read += 1
-            if not self._waiters or self.delivered - self.read > self.low:
+            self.taken += count
+            if not self._waiters or self.delivered - self.taken > self.low:
                 return
             waiters, self._waiters = self._waiters, []
         for waiter in waiters:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 import asyncbackends as ab
+from asyncbackends._cache_writer import GroupWriter
 from asyncbackends._run_cache import CHUNK
 from asyncbackends.adapters.mock import MockBackend
 
@@ -174,3 +177,38 @@ def test_an_error_mid_stream_is_raised_after_the_results_before_it(make_mock: An
     seen, error = asyncio.run(main())
     assert isinstance(error, RuntimeError) and "broke at 60" in str(error)
     assert seen <= 60 and backend.in_flight == 0
+
+
+def test_a_run_waits_for_a_cache_writer_that_falls_behind(make_mock: Any, tmp_path: Path) -> None:
+    # The writer's commit is held until released: results queued and not committed reach the backlog's
+    # bound, and the run sends nothing more instead of holding ever more results in memory.
+    cache = ab.ResponseCache(tmp_path / "run.sqlite")
+    release, entered = threading.Event(), threading.Event()
+
+    def held_commit(group: Any) -> None:
+        entered.set()
+        release.wait()
+        cache._commit_group(group)
+
+    cache._writer = GroupWriter(held_commit, backlog=50)
+    backend = make_mock()
+    outcome: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(
+            ab.run_batch(backend, listed(2000), cache=cache, concurrency=CONCURRENCY)
+        )
+    )
+    runner.start()
+    try:
+        assert entered.wait(60)
+        deadline = time.monotonic() + 60
+        while not cache.backlog._waiters and time.monotonic() < deadline:  # state, polled: a worker waits
+            time.sleep(0.01)
+        assert cache.backlog._waiters, "no worker waited for the writer"
+        assert sum(backend.attempts.values()) <= 50 + CONCURRENCY
+    finally:
+        release.set()
+        runner.join(60)
+    assert [r.text for r in outcome[0]] == reference(make_mock(), 2000)
+    assert len(cache) == 2000
+    cache.close()
