@@ -124,20 +124,19 @@ class ResponseCache(BatchRecords, CacheAdmin):
         reads rows, not at one round trip per request. ``queued_only``: look among the results waiting
         for their commit only (a run that started on an empty file).
         """
-        # The queued results first: one committed meanwhile is then in the file when it is read below (read
-        # the other way round, a result committed between the two reads would be found in neither).
-        found = {key: encode_result(result) for key, (result, _) in self._writer.get_many(keys).items()}
         if queued_only:
             # Nothing to read from the file, so no wait for its lock: the writer holds it while it commits
             # a group (tens of ms), which stalled a new cache's run at every chunk's lookup.
-            return found
-        wanted = [key for key in keys if key not in found] if found else keys
+            return {key: encode_result(result) for key, (result, _) in self._writer.get_many(keys).items()}
+        found: dict[str, tuple[str, str]] = {}
         with self._lock:
-            for start in range(0, len(wanted), _KEYS_PER_QUERY):
-                chunk = wanted[start : start + _KEYS_PER_QUERY]
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
                 found.update((key, (kind, value)) for key, kind, value in self._db.execute(query, chunk))
+        for key, (result, _) in self._writer.get_many(keys).items():
+            found[key] = encode_result(result)
         return found
 
     def empty(self) -> bool:
