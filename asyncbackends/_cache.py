@@ -33,6 +33,7 @@ from ._cache_codec import (
 )
 from ._cache_writer import GroupWriter, Row
 from ._protocol import AsyncBackend
+from ._run_feed import Gate
 from ._types import GenerationRequest, Request, Result
 from .errors import InvalidRequestError
 
@@ -123,9 +124,13 @@ class ResponseCache(BatchRecords, CacheAdmin):
         reads rows, not at one round trip per request. ``queued_only``: look among the results waiting
         for their commit only (a run that started on an empty file).
         """
+        if queued_only:
+            # Nothing to read from the file, so no wait for its lock: the writer holds it while it commits
+            # a group (tens of ms), which stalled a new cache's run at every chunk's lookup.
+            return {key: encode_result(result) for key, (result, _) in self._writer.get_many(keys).items()}
         found: dict[str, tuple[str, str]] = {}
         with self._lock:
-            for start in range(0, 0 if queued_only else len(keys), _KEYS_PER_QUERY):
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
                 chunk = keys[start : start + _KEYS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
@@ -161,6 +166,11 @@ class ResponseCache(BatchRecords, CacheAdmin):
             self._writer.put(key, (result, backend_name))
         except RuntimeError as exc:  # closed under a run: as a failed write, the caller still gets it
             log.warning("response cache %s: write failed: %s", self.path, exc)
+
+    @property
+    def backlog(self) -> Gate:
+        """Results queued and not yet committed: a run sends nothing new while it is full."""
+        return self._writer.backlog
 
     def flush(self) -> None:
         """Block until every queued result is committed."""

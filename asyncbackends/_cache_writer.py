@@ -3,9 +3,12 @@
 One committed SQLite transaction per result costs more than the mock backend's whole request; a group of
 results in one transaction costs about the same as one. A result handed to `GroupWriter.put` waits at most
 ``window`` seconds (or until ``max_rows`` are waiting) before its group is committed by the writer's thread,
-so the loop only appends to a dict. A run killed at any instant loses at most the results of the group not
-yet committed (its requests are sent again by the resume); what is committed is whole, since a group is one
-transaction. Until committed, results stay readable from `GroupWriter.get`.
+so the loop only appends to a dict. A writer that falls behind (a slow disk, a loaded machine) holds the
+run back rather than the results: `GroupWriter.backlog` counts those queued and not yet committed, and a run
+takes no new request while ``backlog`` results wait (`_run_feed.Gate`). A run killed at any instant loses
+at most the results of the group not yet committed (its requests are sent again by the resume); what is
+committed is whole, since a group is one transaction. Until committed, results stay readable from
+`GroupWriter.get`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from ._run_feed import Gate
 from ._types import Result
 
 __all__ = ["DEFAULT_WINDOW", "GroupWriter", "Row"]
@@ -23,6 +27,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 0.05  # seconds a result may wait for its group's commit
 DEFAULT_MAX_ROWS = 5_000  # a group committed at once when this many wait
+DEFAULT_BACKLOG = 20_000  # a run sends nothing new while this many wait uncommitted
 
 Row = tuple[Result, str]  # a result and the backend name it is stored under
 
@@ -34,6 +39,7 @@ class GroupWriter:
         commit: Stores one group (key -> row) in one transaction; called on the writer's thread.
         window: Most seconds a result waits before its group is committed.
         max_rows: A group is committed at once when this many results wait.
+        backlog: Results queued and not committed at which a run waits (`backlog`) before sending more.
     """
 
     def __init__(
@@ -42,8 +48,10 @@ class GroupWriter:
         *,
         window: float = DEFAULT_WINDOW,
         max_rows: int = DEFAULT_MAX_ROWS,
+        backlog: int = DEFAULT_BACKLOG,
     ) -> None:
         self._commit, self.window, self.max_rows = commit, window, max_rows
+        self.backlog = Gate(backlog)  # results queued, not yet committed: a run waits while it is full
         self._changed = threading.Condition()
         self._waiting: dict[str, Row] = {}
         self._writing: Mapping[str, Row] = {}  # the group being committed, readable until it is
@@ -61,6 +69,8 @@ class GroupWriter:
                 self._first = time.monotonic()
                 self._start()
                 self._changed.notify_all()
+            if key not in self._waiting:  # counted once per waiting entry, as its group will be
+                self.backlog.delivered_one()
             self._waiting[key] = row
             if len(self._waiting) == self.max_rows:
                 self._changed.notify_all()
@@ -135,3 +145,4 @@ class GroupWriter:
             with self._changed:
                 self._writing = {}
                 self._changed.notify_all()
+            self.backlog.took(len(group))

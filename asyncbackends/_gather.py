@@ -22,6 +22,7 @@ from ._options import RetryPolicy as RetryPolicy
 from ._options import RunOptions, RunOptionsKwargs, refuse_unknown_options
 from ._protocol import AsyncBackend
 from ._run import Outcome, Run
+from ._run_feed import Gate
 from ._types import Request, Result
 from .errors import AsyncBackendsError, InvalidRequestError
 
@@ -109,6 +110,8 @@ async def gather(
 
     Returns:
         One `GenerationResult` / `LoglikelihoodResult` per request, or its error with ``return_exceptions``.
+        A list: the requests (a generator is read into one first) and their results are all held, so memory
+        grows with N. For a run too large for that, pass a generator to `as_completed`, which streams it.
 
     Raises:
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
@@ -182,43 +185,69 @@ async def as_completed(
 ) -> AsyncIterator[tuple[int, Any]]:
     """Yield ``(index, outcome)`` as each request finishes, whatever the order; same arguments as `gather`.
 
+    ``requests`` may be a generator (any iterable that is not a sequence): it is then streamed, taken one
+    request per freed slot and never made into a list, and the run sends nothing more while the results
+    delivered and not yet read reach its concurrency, so a run of a million requests holds about
+    ``concurrency`` requests and results at a time, whatever N (with a ``cache``, one lookup chunk of 512
+    requests more; the progress bar counts up, its total unknown). The index is the request's position in
+    the iterable. The generator is advanced on the shared loop's thread, between requests: it should not
+    block. A sequence (a list) is run as `gather` runs it, its results queued for the reader however fast
+    they come. A provider batch (``batch=``) reads the whole iterable first.
+
     Closing the iterator cancels the requests still in flight. A ``break`` alone leaves the closing to the
     garbage collector; wrap the call in ``contextlib.aclosing(...)`` to cancel at once.
 
     Raises:
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
+        Exception: Whatever the ``requests`` generator raises, after cancelling the requests in flight.
     """
-    run_options, sequence = _checked(requests, return_exceptions, options)
+    refuse_unknown_options(options)
+    run_options = RunOptions(return_exceptions=return_exceptions, **options)
+    streamed = not run_options.batch and not isinstance(requests, (Sequence, str, bytes))
     manager = get_loop_manager()
     here = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     same_loop = here is manager.loop
+    gate: Gate | None = None
 
     def put(index: int, outcome: Outcome) -> None:
+        if gate is not None:
+            gate.delivered_one()
         if same_loop:
             queue.put_nowait((index, outcome))
         else:
             here.call_soon_threadsafe(queue.put_nowait, (index, outcome))
 
-    run = _runner(run_options)(backend, sequence, run_options, put, watch(backend, run_options))
+    observer = watch(backend, run_options)
+    run: Run | BatchRun
+    if streamed:
+        run = Run(backend, iter(requests), run_options, put, observer)
+        # Room for one result per worker unread: a reader keeping up never holds the run back.
+        gate = run.gate = Gate(run.concurrency)
+    else:
+        run = _runner(run_options)(backend, _as_sequence(requests), run_options, put, observer)
     task = asyncio.ensure_future(manager.arun(run.run()))
     getter: asyncio.Future[tuple[int, Any]] | None = None
     try:
-        for _ in range(len(sequence)):
+        while True:
             if queue.empty():
-                # Items are queued before the run's completion is signalled, so an empty queue and a
-                # finished run mean the run failed: raise its error rather than wait forever.
+                if task.done():
+                    # Items are queued before the run's completion is signalled, so an empty queue and a
+                    # finished run mean every result was read, or the run failed: raise its error.
+                    task.result()
+                    return
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
-                    getter.cancel()
-                    task.result()
-                    raise AssertionError("the run ended before yielding every result")  # pragma: no cover
-                yield getter.result()
+                    getter.cancel()  # an item put meanwhile stays in the queue, read on the next turn
+                    continue
+                item = getter.result()
             else:
-                yield queue.get_nowait()
-        await task
+                item = queue.get_nowait()
+            if gate is not None:
+                gate.took()
+            yield item
     finally:
         # Cancelled while waiting (Ctrl-C on the CLI): the getter would otherwise stay pending on a loop that
         # does not sweep up tasks, and be reported as "Task was destroyed but it is pending!" when collected.

@@ -1,8 +1,9 @@
 """One run of the gathering path: the worker pool behind `gather`, `as_completed` and `run_batch`.
 
-A fixed pool of worker tasks pulls the next request index from one shared iterator, so memory stays flat
-whatever the number of requests (no task per request up front) and time spent waiting for a slot never
-counts toward a timeout. Each request goes through the cache, the rate limits, timed attempts and retries
+A fixed pool of worker tasks pulls the next ``(index, request)`` from one shared iterator (`_run_feed`: a
+sequence, or a caller's generator taken one request per freed slot), so memory stays flat whatever the
+number of requests (no task per request up front) and time spent waiting for a slot never counts toward a
+timeout. Each request goes through the cache, the rate limits, timed attempts and retries
 here, as one `RunOptions` (already checked when it was built) says.
 """
 
@@ -12,7 +13,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ._adaptive import AdaptiveLimiter, ChangeReason, Ticket, adaptive_limiter
@@ -20,11 +21,13 @@ from ._budget import BudgetGuard, Reservation
 from ._cache import ResponseCache, open_cache
 from ._clock import AttemptClock
 from ._limits import RateBuckets
-from ._observability.observe import RequestObserver, RunObserver, current_request
+from ._observability.observe import RequestObserver, RunObserver
 from ._options import DEFAULT_CONCURRENCY, RetryPolicy, RunOptions, adaptive_settings, rate_buckets
 from ._protocol import REQUEST_METHODS, AsyncBackend, BackendMethod, backend_method
 from ._refusals import refuse_unclaimed_adapter
 from ._run_cache import misses, settle
+from ._run_feed import Gate, Item, counted
+from ._run_observed import observed_attempt, watched_one
 from ._tasks import all_or_nothing
 from ._timeouts import set_idle_timeout
 from ._types import (
@@ -51,22 +54,30 @@ class Run:
 
     Args:
         backend: Where the requests go.
-        requests: The requests, in order.
+        requests: The requests, in order: a sequence, or any iterable, taken one request per freed slot.
         options: How to send them.
         sink: Called with ``(index, outcome)`` as each request ends.
         observer: Told what happens to each request (`_observability.observe`); ``None`` when nothing
             watches, so the hot path pays one check per request.
+        gate: Results the caller has not read yet (`_run_feed.Gate`): while it is full, no request is taken.
     """
 
     def __init__(
         self,
         backend: AsyncBackend,
-        requests: Sequence[Request],
+        requests: Iterable[Request],
         options: RunOptions,
         sink: Callable[[int, Outcome], None],
         observer: RunObserver | None = None,
+        gate: Gate | None = None,
     ) -> None:
-        self.backend, self.requests, self.sink = backend, requests, sink
+        self.backend, self.sink, self.gate = backend, sink, gate
+        # A sequence's length is known up front (the bar's total); a stream's requests are counted as taken.
+        self.total: int | None = len(requests) if isinstance(requests, Sequence) else None
+        self.source: Iterator[tuple[int, Request]] = (
+            enumerate(requests) if self.total is not None else counted(requests, options.metrics)
+        )
+        self.items: Iterator[Item] = self.source  # what the workers take: the cache's misses, with one
         hint = backend.capabilities.max_concurrency
         self.adaptive = adaptive_settings(options.concurrency)
         # Adaptive: one worker per slot the limit may reach; the limiter decides how many send at once.
@@ -84,7 +95,6 @@ class Run:
         self.progress = options.progress
         self.rates: RateBuckets | None = rate_buckets(options.rate_limit)
         self.bar: Any = None
-        self.indices: Iterator[int] = iter(range(len(requests)))
         self.first_error: AsyncBackendsError | None = None
         self.rng = random.Random()
         self.name = backend.name
@@ -103,13 +113,14 @@ class Run:
         owns_cache = self.cache_option is not None and not isinstance(self.cache_option, ResponseCache)
         if self.cache_option is not None:
             self.cache = open_cache(self.cache_option)
-            self.indices = misses(self, self.cache)
+            self.items = misses(self, self.cache)
         try:
             if self.progress:
                 from tqdm.auto import tqdm
 
                 desc = self.progress if isinstance(self.progress, str) else self.name
-                self.bar = tqdm(total=len(self.requests), desc=desc, unit="req", dynamic_ncols=True)
+                # A stream's total is unknown (None): the bar counts up.
+                self.bar = tqdm(total=self.total, desc=desc, unit="req", dynamic_ncols=True)
             await self._run_workers()
         finally:
             if self.bar is not None:
@@ -120,7 +131,7 @@ class Run:
 
     async def _run_workers(self) -> None:
         if self.metrics is not None:
-            self.metrics.requests += len(self.requests)
+            self.metrics.requests += self.total or 0
             self.metrics.started = self.metrics.started or time.perf_counter()
         self.started = time.perf_counter()
         if self.adaptive is not None:
@@ -129,7 +140,8 @@ class Run:
             self.metrics.concurrency_limit = self.limiter.limit if self.limiter else self.concurrency
         loop = asyncio.get_running_loop()
         timeout = math.inf if self.timeout is None else self.timeout
-        slots = [AttemptClock(timeout) for _ in range(min(self.concurrency, len(self.requests)))]
+        workers = self.concurrency if self.total is None else min(self.concurrency, self.total)
+        slots = [AttemptClock(timeout) for _ in range(workers)]
         tasks = []
         for slot in slots:
             slot.task = loop.create_task(self.work(slot))
@@ -201,17 +213,17 @@ class Run:
         set_idle_timeout(self.idle)  # once per worker: every attempt it makes runs in its context
         limiter = self.limiter
         if limiter is None:
-            await self.work_on(slot, self.indices)
+            await self.work_on(slot, self.items)
             return
         try:
             while True:
                 # Room under the adaptive limit first, then the next request: until the limit lets it go, a
                 # request waits in the run's queue (as with a fixed limit), not in its own latency.
                 self.tickets[slot] = await limiter.acquire()
-                index = next(self.indices, None)
-                if index is None:
+                item = next(self.items, None)
+                if item is None:
                     return
-                await self.work_on(slot, iter((index,)))
+                await self.work_on(slot, iter((item,)))
                 self.give_back(slot)  # a cache hit or a refused request used no attempt
         finally:
             self.give_back(slot)
@@ -222,18 +234,25 @@ class Run:
         if ticket is not None and self.limiter is not None:
             self.limiter.release(ticket, asyncio.CancelledError())
 
-    async def work_on(self, slot: AttemptClock, indices: Iterator[int]) -> None:
-        requests, sink, metrics, observer = self.requests, self.sink, self.metrics, self.observer
+    async def work_on(self, slot: AttemptClock, items: Iterator[Item]) -> None:
+        sink, metrics, observer, gate = self.sink, self.metrics, self.observer, self.gate
+        backlog = None if self.cache is None else self.cache.backlog
         bar = self.bar  # made before the workers start
         timed = metrics is not None or observer is not None
-        for index in indices:
-            request = requests[index]
+        for index, request in items:
+            if gate is not None and (request is None or gate.full()):
+                # The caller holds `gate.bound` results unread: send nothing more until it reads some.
+                await gate.room()
+            if request is None:  # `PAUSE` between cache hits, no request of its own
+                continue
+            if backlog is not None and backlog.full():
+                await backlog.room()  # the cache's writer is that many results behind: let it catch up
             start = time.perf_counter() if timed else 0.0
             key = self.keys.pop(index, None)
             if observer is None:
                 outcome = await self.one(request, slot, None, key)
             else:
-                outcome = await self.watched(observer, index, request, slot, start - self.started, key)
+                outcome = await watched_one(self, observer, index, request, slot, start - self.started, key)
             if isinstance(outcome, AsyncBackendsError) and not self.return_exceptions:
                 if self.first_error is None:
                     self.first_error = outcome
@@ -250,46 +269,6 @@ class Run:
                 bar.update(1)
                 if isinstance(outcome, AsyncBackendsError):
                     bar.set_postfix(errors=metrics.failed if metrics else "yes", refresh=False)
-
-    async def watched(
-        self,
-        observer: RunObserver,
-        index: int,
-        request: Request,
-        slot: AttemptClock,
-        slot_wait: float,
-        key: str | None,
-    ) -> Outcome:
-        """`one` with the run's observer told of the request's start and end."""
-        watched = observer.request_started(index, request, slot_wait)
-        token = current_request.set(watched)  # read by observe.note_replica inside the attempt
-        try:
-            outcome = await self.one(request, slot, watched, key)
-        except BaseException:
-            watched.cancelled()
-            raise
-        finally:
-            current_request.reset(token)
-        watched.done(outcome)
-        return outcome
-
-    async def observed_attempt(
-        self,
-        watched: RequestObserver,
-        method: BackendMethod,
-        request: Request,
-        slot: AttemptClock,
-        attempt: int,
-    ) -> Result:
-        """`attempt` with the observer told of its start and end."""
-        watched.attempt_started(attempt)
-        try:
-            result = await self.attempt(method, request, slot, attempt)
-        except BaseException as exc:
-            watched.attempt_ended(attempt, exc)
-            raise
-        watched.attempt_ended(attempt, None)
-        return result
 
     async def attempt(
         self, method: BackendMethod, request: Request, slot: AttemptClock, attempt: int
@@ -357,7 +336,7 @@ class Run:
                 else:
                     call: Awaitable[Result]
                     if watched is not None:
-                        call = self.observed_attempt(watched, method, request, slot, attempt)
+                        call = observed_attempt(self, watched, method, request, slot, attempt)
                     else:
                         call = self.attempt(method, request, slot, attempt)
                     if self.limiter is not None:

@@ -1,11 +1,12 @@
 """A run's side of the response cache: its cached part found by set lookups, the rest keyed once.
 
-`misses` is the iterator a run's workers pull request indices from when the run has a cache. It reads
-the requests a chunk at a time: each request's key is computed once (the backend's fingerprint hashed once
-per run), the chunk's keys are looked up in one query, and a hit is delivered on the spot (to the sink,
-metrics, observer and progress bar, as a worker would), so only misses reach the workers, with their keys
-kept for storing their results. Nothing is held beyond one chunk: a resumed run of a million requests
-streams its cached results into the caller's list without a second copy.
+`misses` is the iterator a run's workers pull ``(index, request)`` pairs from when the run has a cache. It
+reads the run's own pairs (`_run_feed`: a sequence, or a caller's generator) a chunk at a time: each
+request's key is computed once (the backend's fingerprint hashed once per run), the chunk's keys are looked
+up in one query, and a hit is delivered on the spot (to the sink, metrics, observer and progress bar, as a
+worker would), so only misses reach the workers, with their keys kept for storing their results. Nothing is
+held beyond one chunk: a resumed run of a million requests streams its cached results to the caller without
+a second copy, and a streamed one (`_run_feed.Gate`) pauses while its caller has ``bound`` results unread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any, Protocol
 
 from ._cache import ResponseCache
@@ -22,6 +24,7 @@ from ._cache_codec import Keyer
 from ._observability.observe import RunObserver
 from ._observability.run_metrics import RunMetrics
 from ._protocol import AsyncBackend
+from ._run_feed import PAUSE, Gate, Item
 from ._types import Request, Result
 from ._usage import Pricing
 
@@ -30,7 +33,8 @@ class RunState(Protocol):
     """What of a run (`asyncbackends._run.Run`) its cache side reads and fills: named here, not imported."""
 
     backend: AsyncBackend
-    requests: Sequence[Request]
+    source: Iterator[tuple[int, Request]]
+    gate: Gate | None
     metrics: RunMetrics | None
     observer: RunObserver | None
     pricing: Pricing | None
@@ -44,23 +48,29 @@ class RunState(Protocol):
     ) -> Callable[[int, Any], None]: ...  # a read-only member: the run's own is a plain attribute
 
 
-__all__ = ["CHUNK", "looked_up", "misses", "settle"]
+__all__ = ["CHUNK", "looked_up", "looked_up_pairs", "misses", "settle"]
 
 log = logging.getLogger(__name__)
 
 CHUNK = 512  # requests looked up in one query: one round trip for many, and little held at a time
 
 
-def misses(run: RunState, cache: ResponseCache) -> Iterator[int]:
-    """The indices of ``run``'s requests not in ``cache``, in order; hits delivered on the way."""
-    requests = run.requests
-    for index, key, result in looked_up(cache, run.backend, requests, run.metrics):
+def misses(run: RunState, cache: ResponseCache) -> Iterator[Item]:
+    """``run``'s pairs whose requests are not in ``cache``, in order; hits delivered on the way.
+
+    A streamed run's caller with ``gate.bound`` results unread gets `PAUSE` between hits: the worker
+    waits for room, as it does before taking a miss.
+    """
+    gate = run.gate
+    for index, request, key, result in looked_up_pairs(cache, run.backend, run.source, run.metrics):
         if result is not None:
-            deliver_hit(run, index, requests[index], result)
+            deliver_hit(run, index, request, result)
+            if gate is not None and gate.full():
+                yield PAUSE
             continue
-        if key is not None and cache.cacheable(requests[index]):
+        if key is not None and cache.cacheable(request):
             run.keys[index] = key
-        yield index
+        yield index, request
 
 
 def looked_up(
@@ -68,8 +78,22 @@ def looked_up(
 ) -> Iterator[tuple[int, str | None, Result | None]]:
     """Each request's index, key (``None``: not a request) and stored result (``None``: a miss), in order.
 
-    A chunk of keys per query; an unreadable entry or database is a miss, counted in ``read_failures``
-    (and the metrics) and warned once per cause.
+    `looked_up_pairs` over a sequence, for a provider batch's run.
+    """
+    for index, _, key, result in looked_up_pairs(cache, backend, enumerate(requests), metrics):
+        yield index, key, result
+
+
+def looked_up_pairs(
+    cache: ResponseCache,
+    backend: AsyncBackend,
+    pairs: Iterable[tuple[int, Request]],
+    metrics: RunMetrics | None,
+) -> Iterator[tuple[int, Request, str | None, Result | None]]:
+    """Each pair's index, request, key (``None``: not a request) and stored result (``None``: a miss).
+
+    Reads ``pairs`` a chunk at a time, one query per chunk of keys; an unreadable entry or database is a
+    miss, counted in ``read_failures`` (and the metrics) and warned once per cause.
     """
     keyer = Keyer(backend)
     # Started on an empty file, a run finds nothing in it but what it stores itself: only the results
@@ -78,15 +102,17 @@ def looked_up(
         fresh = cache.empty()
     except sqlite3.Error:
         fresh = False  # an unreadable file: each chunk's lookup fails, counted and warned below
-    for start in range(0, len(requests), CHUNK):
-        chunk = range(start, min(start + CHUNK, len(requests)))
+    pairs = iter(pairs)
+    while chunk := list(islice(pairs, CHUNK)):
         keys: dict[int, str] = {}
-        for index in chunk:
+        wanted: list[str] = []
+        for index, request in chunk:
             try:
-                keys[index] = keyer(requests[index])
+                keys[index] = key = keyer(request)
             except Exception:  # not a request: the worker refuses it with its own error
                 continue
-        wanted = [key for index, key in keys.items() if cache.cacheable(requests[index])]
+            if cache.cacheable(request):
+                wanted.append(key)
         try:
             found = cache.stored(wanted, queued_only=fresh)
         except sqlite3.Error as exc:
@@ -96,13 +122,13 @@ def looked_up(
                 cache.read_failed(exc)
                 if metrics is not None:
                     metrics.cache_read_failures += 1
-        for index in chunk:
-            key = keys.get(index)
-            row = None if key is None else found.get(key)
-            result = None if row is None else cache.read(row[0], row[1], requests[index].request_id)
+        for index, request in chunk:
+            known = keys.get(index)
+            row = None if known is None else found.get(known)
+            result = None if row is None else cache.read(row[0], row[1], request.request_id)
             if row is not None and result is None and metrics is not None:
                 metrics.cache_read_failures += 1
-            yield index, key, result
+            yield index, request, known, result
 
 
 def deliver_hit(run: RunState, index: int, request: Request, result: Result) -> None:
