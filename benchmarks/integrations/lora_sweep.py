@@ -22,7 +22,9 @@ a CPU and asks prompt logprobs in batches. On a GPU (``--batch-size auto``) lm-e
 which it can run ``--batch-size auto`` on a CPU too: not how users run it today, but the same fix on its side.
 
     python benchmarks/integrations/lora_sweep.py          # 4 adapters, 200 + 200 documents, 2 rounds
-    python benchmarks/integrations/lora_sweep.py --model /tmp/models/1b --batch-size auto   # the GPU
+    python benchmarks/integrations/lora_sweep.py --model /tmp/models/1b --batch-size auto \
+        --options '{"load_format": "dummy", "dtype": "float32", "max_model_len": 4096, "seed": 1234}'
+    # the H200: benchmarks/gpu/gpu_lora_sweep.sh stages it
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def child(
     batch_size: str,
     parallel: bool,
     targets: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every adapter of ``adapters`` (ours) or the one adapter given (lm-eval); every sample."""
     import lm_eval
@@ -75,6 +78,7 @@ def child(
 
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     rank = 8
+    engine_options = ENGINE_OPTIONS if options is None else options
     samples: dict[str, Any] = {}
     special: list[str] = []
     started = time.perf_counter()
@@ -95,7 +99,7 @@ def child(
             lora_local_path=path,
             max_lora_rank=rank,
             batch_size=batch_size,
-            **ENGINE_OPTIONS,
+            **engine_options,
             **extra,
         )
         results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, log_samples=True)
@@ -106,7 +110,7 @@ def child(
         import asyncbackends as ab
         from asyncbackends.integrations.lm_eval import AsyncBackendsLM
 
-        engine = ab.create_backend("vllm", model=model, lora_modules=adapters, **ENGINE_OPTIONS)
+        engine = ab.create_backend("vllm", model=model, lora_modules=adapters, **engine_options)
 
         def evaluate(name: str) -> dict[str, Any]:
             lm = AsyncBackendsLM(ab.with_adapter(engine, name), progress=False)
@@ -134,6 +138,7 @@ def _run(
     command += ["--model", args.model, "--out", str(out), "--adapter-paths", json.dumps(adapters)]
     command += ["--batch-size", args.batch_size] + (["--sequential"] if args.sequential else [])
     command += ["--lm-eval-targets"] if args.lm_eval_targets else []
+    command += ["--options", args.options] if args.options else []
     start = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -189,6 +194,10 @@ def main() -> None:
         action="store_true",
         help="lm-eval: lora_target_modules=the adapters' modules (then --batch-size auto runs on a CPU)",
     )
+    parser.add_argument(
+        "--options",
+        help="both sides' engine options as JSON, instead of the CPU's (on the H200: load_format dummy...)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -205,6 +214,7 @@ def main() -> None:
             args.batch_size,
             not args.sequential,
             args.lm_eval_targets,
+            json.loads(args.options) if args.options else None,
         )
         Path(args.out).write_text(json.dumps(report))
         end_child()
