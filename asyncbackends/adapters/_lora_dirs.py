@@ -38,6 +38,9 @@ class LoraModule:
         rank: Its ``r`` (the largest of its ``rank_pattern``, where it has one).
         lora_id: Its ``LoRARequest`` id (>= 1), the same in every engine of the backend.
         digest: The SHA-256 of its files (hex), for the fingerprint.
+        target_modules: Its config's ``target_modules`` where that is a list of names (peft's regex string
+            or anything else: ``None``).
+        saves_modules: Whether its config has ``modules_to_save`` (whole modules trained, not LoRA).
     """
 
     name: str
@@ -45,6 +48,8 @@ class LoraModule:
     rank: int
     lora_id: int
     digest: str
+    target_modules: tuple[str, ...] | None = None
+    saves_modules: bool = False
 
 
 class LoraModules:
@@ -90,22 +95,34 @@ def read_lora_modules(lora_modules: Any) -> LoraModules | None:
         raise InvalidRequestError(
             f"lora_modules must be a non-empty mapping of adapter names to directories, got {lora_modules!r}"
         )
-    checked: list[tuple[str, str, int]] = []
+    checked: list[tuple[str, str, dict[str, Any]]] = []
     for name, path in lora_modules.items():
         if not isinstance(name, str) or not name.strip():
             raise InvalidRequestError(f"lora_modules: an adapter name must be a non-empty str, got {name!r}")
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidRequestError(f"lora_modules[{name!r}] must be a directory path, got {path!r}")
         directory = Path(path).expanduser().resolve()
-        checked.append((name, str(directory), _rank(name, directory)))
+        checked.append((name, str(directory), _config(name, directory)))
     ids = {name: i for i, name in enumerate(sorted(lora_modules), start=1)}
-    return LoraModules(
-        [LoraModule(name, path, rank, ids[name], _digest(Path(path))) for name, path, rank in checked]
+    return LoraModules([_module(name, path, config, ids[name]) for name, path, config in checked])
+
+
+def _module(name: str, path: str, config: dict[str, Any], lora_id: int) -> LoraModule:
+    targets = config.get("target_modules")
+    listed = isinstance(targets, list) and all(isinstance(t, str) for t in targets)
+    return LoraModule(
+        name,
+        path,
+        _rank(name, path, config),
+        lora_id,
+        _digest(Path(path)),
+        tuple(targets) if listed else None,  # type: ignore[arg-type]  # a list of strs, checked
+        bool(config.get("modules_to_save")),
     )
 
 
-def _rank(name: str, directory: Path) -> int:
-    """The adapter's rank, from its ``adapter_config.json`` (peft's ``r``, and ``rank_pattern`` overrides)."""
+def _config(name: str, directory: Path) -> dict[str, Any]:
+    """The adapter's ``adapter_config.json``, read once (its rank, its target modules)."""
     where = f"lora_modules[{name!r}] ({str(directory)!r})"
     if not directory.is_dir():
         raise InvalidRequestError(f"{where}: no such adapter directory")
@@ -115,8 +132,16 @@ def _rank(name: str, directory: Path) -> int:
         raise InvalidRequestError(f"{where}: not a LoRA adapter directory (no {_CONFIG})") from None
     except (OSError, ValueError) as exc:
         raise InvalidRequestError(f"{where}: its {_CONFIG} cannot be read: {exc}") from exc
-    ranks: list[Any] = [config.get("r") if isinstance(config, dict) else None]
-    if isinstance(config, dict) and isinstance(config.get("rank_pattern"), dict):
+    if not isinstance(config, dict):
+        raise InvalidRequestError(f"{where}: its {_CONFIG} gives no positive int rank 'r'")
+    return config
+
+
+def _rank(name: str, path: str, config: dict[str, Any]) -> int:
+    """The adapter's rank (peft's ``r``, and ``rank_pattern`` overrides)."""
+    where = f"lora_modules[{name!r}] ({path!r})"
+    ranks: list[Any] = [config.get("r")]
+    if isinstance(config.get("rank_pattern"), dict):
         ranks += list(config["rank_pattern"].values())
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
         raise InvalidRequestError(f"{where}: its {_CONFIG} gives no positive int rank 'r'")

@@ -37,16 +37,14 @@ adapter (``request.adapter``; ``None`` is the base) and is sent with that adapte
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..._refusals import refuse_unknown_adapter
 from ..._types import Request
 from ...errors import InvalidRequestError
-from .._lora_dirs import LoraModules
+from .._lora_dirs import LoraModule, LoraModules
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -68,27 +66,22 @@ _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOGITS_MODULE = "lm_head"  # the module vLLM wraps in its LoRA logits processor (vllm.lora.model_manager)
 
 
-def adapter_targets(paths: Iterable[str]) -> list[str] | None:
-    """The modules the adapters at ``paths`` train, sorted, or ``None`` where that is not known exactly.
+def adapter_targets(modules: Iterable[LoraModule]) -> list[str] | None:
+    """The modules the adapters train, sorted, or ``None`` where that is not known exactly.
 
-    Read from each ``adapter_config.json`` (peft's ``target_modules``). ``None`` (vLLM then wraps every
-    module it supports, the ``lm_head`` included) unless every adapter lists plain module names (vLLM's
-    ``lora_target_modules`` matches names, not peft's regexes, ``"all-linear"`` or dotted paths), none of
-    them is the ``lm_head``, and none has ``modules_to_save``.
+    From each ``adapter_config.json`` as `read_lora_modules` read it (peft's ``target_modules``). ``None``
+    (vLLM then wraps every module it supports, the ``lm_head`` included) unless every adapter lists plain
+    module names (vLLM's ``lora_target_modules`` matches names, not peft's regexes, ``"all-linear"`` or
+    dotted paths), none of them is the ``lm_head``, and none has ``modules_to_save``.
     """
     targets: set[str] = set()
-    for path in paths:
-        try:
-            config = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        names = config.get("target_modules") if isinstance(config, dict) else None
+    for module in modules:
+        names = module.target_modules
         if (
-            not isinstance(names, list)
-            or not names
-            or not all(isinstance(n, str) and _MODULE_NAME.fullmatch(n) for n in names)
+            not names
+            or not all(_MODULE_NAME.fullmatch(n) for n in names)
             or any(_LOGITS_MODULE in n for n in names)
-            or config.get("modules_to_save")
+            or module.saves_modules
         ):
             return None
         targets.update(names)
@@ -138,7 +131,7 @@ def lora_engine_options(
             "empty; leave it out to take that"
         )
     if on_cpu and "lora_target_modules" not in options:
-        targets = adapter_targets(m.path for m in modules.by_name.values())
+        targets = adapter_targets(modules.by_name.values())
         if targets is not None:
             options["lora_target_modules"] = targets
     return options
