@@ -35,16 +35,14 @@ def _as_sequence(requests: Iterable[Request]) -> Sequence[Request]:
     return requests if isinstance(requests, Sequence) else list(requests)
 
 
-def _checked(
-    requests: Iterable[Request], return_exceptions: bool, options: RunOptionsKwargs
-) -> tuple[RunOptions, Sequence[Request]]:
-    """An entry point's call checked before anything is sent: its `RunOptions` and its requests.
+def _run_options(return_exceptions: bool, options: RunOptionsKwargs) -> RunOptions:
+    """An entry point's options checked before anything is sent.
 
     Raises:
         InvalidRequestError: An option is unknown (a misspelling mypy did not see) or has a bad value.
     """
     refuse_unknown_options(options)
-    return RunOptions(return_exceptions=return_exceptions, **options), _as_sequence(requests)
+    return RunOptions(return_exceptions=return_exceptions, **options)
 
 
 def _runner(options: RunOptions) -> type[Run] | type[BatchRun]:
@@ -117,7 +115,8 @@ async def gather(
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
     """
-    run_options, sequence = _checked(requests, return_exceptions, options)
+    run_options = _run_options(return_exceptions, options)
+    sequence = _as_sequence(requests)
     # The observer is made here, in the caller's thread, where the caller's active span is current.
     return await get_loop_manager().arun(
         _gather_here(backend, sequence, run_options, watch(backend, run_options))
@@ -156,7 +155,8 @@ def run_batch(
         InvalidRequestError: An option is unknown (the closest valid one is named) or has a bad value.
         LoopError: Called from the shared loop's own thread, or the manager was shut down meanwhile.
     """
-    run_options, sequence = _checked(requests, return_exceptions, options)
+    run_options = _run_options(return_exceptions, options)
+    sequence = _as_sequence(requests)
     return get_loop_manager().run(_gather_here(backend, sequence, run_options, watch(backend, run_options)))
 
 
@@ -202,8 +202,7 @@ async def as_completed(
         AsyncBackendsError: Without ``return_exceptions``, the first failure, after cancelling the rest.
         Exception: Whatever the ``requests`` generator raises, after cancelling the requests in flight.
     """
-    refuse_unknown_options(options)
-    run_options = RunOptions(return_exceptions=return_exceptions, **options)
+    run_options = _run_options(return_exceptions, options)
     streamed = not run_options.batch and not isinstance(requests, (Sequence, str, bytes))
     manager = get_loop_manager()
     here = asyncio.get_running_loop()

@@ -59,7 +59,6 @@ class Run:
         sink: Called with ``(index, outcome)`` as each request ends.
         observer: Told what happens to each request (`_observability.observe`); ``None`` when nothing
             watches, so the hot path pays one check per request.
-        gate: Results the caller has not read yet (`_run_feed.Gate`): while it is full, no request is taken.
     """
 
     def __init__(
@@ -69,9 +68,11 @@ class Run:
         options: RunOptions,
         sink: Callable[[int, Outcome], None],
         observer: RunObserver | None = None,
-        gate: Gate | None = None,
     ) -> None:
-        self.backend, self.sink, self.gate = backend, sink, gate
+        self.backend, self.sink = backend, sink
+        # Results the caller has not read yet (`_run_feed.Gate`), set by a streamed `as_completed` once the
+        # concurrency is known: while it is full, no request is taken.
+        self.gate: Gate | None = None
         # A sequence's length is known up front (the bar's total); a stream's requests are counted as taken.
         self.total: int | None = len(requests) if isinstance(requests, Sequence) else None
         self.source: Iterator[tuple[int, Request]] = (
