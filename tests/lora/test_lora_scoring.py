@@ -9,7 +9,7 @@ import pytest
 import asyncbackends as ab
 
 from ..parity._split_references import lighteval_pair
-from ._peft_reference import peft_score
+from ..transformers_reference import token_logprobs
 from .conftest import ADAPTER_SEEDS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -43,14 +43,14 @@ def test_loglikelihoods_equal_transformers_with_peft_for_each_adapter_and_the_ba
         model = peft_models[name or ""]
         for i, (context, continuation) in enumerate(PAIRS):
             ids, scored = lighteval_pair(hf_tokenizer, context, continuation)
-            parts, greedy = peft_score(model, ids, scored)
+            parts, greedy = token_logprobs(model, ids, scored)
             result = results[f"{i}-{name}"]
             assert result.num_tokens == scored
             assert result.token_logprobs == pytest.approx(parts, abs=1e-4), (name, context, continuation)
             assert result.logprob == pytest.approx(sum(parts), abs=1e-4)
             assert result.is_greedy is greedy
             sums.setdefault(name or "", []).append(result.logprob)
-        parts, _ = peft_score(model, [hf_tokenizer.bos_token_id, *rolling_ids], len(rolling_ids))
+        parts, _ = token_logprobs(model, [hf_tokenizer.bos_token_id, *rolling_ids], len(rolling_ids))
         rolling = results[f"rolling-{name}"]
         assert rolling.num_tokens == len(rolling_ids)
         assert rolling.token_logprobs == pytest.approx(parts, abs=1e-4), name

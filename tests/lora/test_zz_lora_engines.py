@@ -20,7 +20,7 @@ from asyncbackends.testing._tiny_lora import TINY_LORA_TARGET_MODULES
 
 from ..parity._split_references import lighteval_pair
 from ..tiny_engine import build_backend
-from ._peft_reference import peft_score
+from ..transformers_reference import token_logprobs
 from .conftest import ADAPTER_SEEDS, REFERENCE_MAX_TOKENS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -91,7 +91,7 @@ def test_where_the_lm_head_is_wrapped_each_token_is_scored_alone_and_equals_peft
     for i, (context, continuation) in enumerate(pairs):
         ids, scored = lighteval_pair(hf_tokenizer, context, continuation)
         for name in NAMES:
-            parts, greedy = peft_score(peft_models[name or ""], ids, scored)
+            parts, greedy = token_logprobs(peft_models[name or ""], ids, scored)
             result = results[f"{i}-{name}"]
             assert result.token_logprobs == pytest.approx(parts, abs=1e-4), (name, context)
             assert result.is_greedy is greedy

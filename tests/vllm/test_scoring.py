@@ -10,22 +10,15 @@ import asyncbackends as ab
 from asyncbackends._text import EncodePairRequest
 
 from ..parity._split_references import lighteval_pair, lm_eval_pairs
+from ..transformers_reference import token_logprobs
 
 # The first test to use the session engine also waits for its start-up (minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 
 def _hf_score(hf_model: Any, token_ids: list[int], scored: int) -> tuple[float, bool, list[float]]:
-    """Sum of the last ``scored`` tokens' logprobs, and whether each was the argmax."""
-    import torch
-
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([token_ids])).logits[0].log_softmax(-1)
-    parts, greedy = [], True
-    for pos in range(len(token_ids) - scored, len(token_ids)):
-        row = logits[pos - 1]
-        parts.append(row[token_ids[pos]].item())
-        greedy &= int(row.argmax()) == token_ids[pos]
+    """Sum of the last ``scored`` tokens' logprobs, whether each was the argmax, and each one."""
+    parts, greedy = token_logprobs(hf_model, token_ids, scored)
     return sum(parts), greedy, parts
 
 
