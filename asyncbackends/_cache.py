@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,16 @@ log = logging.getLogger(__name__)
 
 # SQLite's default limit on one statement's parameters is 32,766 (since 3.32); well under it.
 _KEYS_PER_QUERY = 500
+
+# A chunk's rows as one text, made by SQLite in one step: the Python module releases the GIL for each step,
+# so a lookup on the reader thread runs beside the loop only if it is one step, not one per row. The
+# separators (ASCII RS between rows, US between fields) never appear raw in what we store (hex keys, class
+# names, JSON written with ensure_ascii); a file whose rows do not split as counted is read row by row.
+_LOOKUP = (
+    "SELECT count(*), group_concat(key || char(31) || kind || char(31) || value, char(30)) "
+    "FROM results WHERE key IN ({})"
+)
+_LOOKUP_ROWS = "SELECT key, kind, value FROM results WHERE key IN ({})"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -95,6 +106,7 @@ class ResponseCache(BatchRecords, CacheAdmin):
         self.read_failures = 0
         self._warned: set[str] = set()
         self._writer = GroupWriter(self._commit_group)
+        self._reader: ThreadPoolExecutor | None = None  # made by the first `lookup`
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -129,15 +141,30 @@ class ResponseCache(BatchRecords, CacheAdmin):
             # a group (tens of ms), which stalled a new cache's run at every chunk's lookup.
             return {key: encode_result(result) for key, (result, _) in self._writer.get_many(keys).items()}
         found: dict[str, tuple[str, str]] = {}
-        with self._lock:
-            for start in range(0, len(keys), _KEYS_PER_QUERY):
-                chunk = keys[start : start + _KEYS_PER_QUERY]
-                marks = ",".join("?" * len(chunk))
-                query = f"SELECT key, kind, value FROM results WHERE key IN ({marks})"
-                found.update((key, (kind, value)) for key, kind, value in self._db.execute(query, chunk))
+        for start in range(0, len(keys), _KEYS_PER_QUERY):
+            chunk = keys[start : start + _KEYS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            with self._lock:
+                try:
+                    count, text = self._db.execute(_LOOKUP.format(marks), chunk).fetchone()
+                    rows = _split_rows(count, text)
+                except sqlite3.OperationalError:  # a value that is not UTF-8 text: read row by row
+                    rows = None
+                if rows is None:
+                    rows = self._db.execute(_LOOKUP_ROWS.format(marks), chunk).fetchall()
+            for key, kind, value in rows:
+                found[key] = (kind, value)
         for key, (result, _) in self._writer.get_many(keys).items():
             found[key] = encode_result(result)
         return found
+
+    def lookup(self, keys: Sequence[str]) -> Future[dict[str, tuple[str, str]]]:
+        """`stored` on the cache's reader thread: a run decodes a chunk while SQLite reads the next."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="asyncbackends-cache-reader")
+            reader = self._reader
+        return reader.submit(self.stored, keys)
 
     def empty(self) -> bool:
         """Whether no result is stored or queued."""
@@ -295,10 +322,32 @@ class ResponseCache(BatchRecords, CacheAdmin):
         return count
 
     def close(self) -> None:
-        """Commit what is queued, then close the database connection."""
+        """Commit what is queued, end the lookups under way, then close the database connection."""
         self._writer.close()
         with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.shutdown(wait=True)
+        with self._lock:
             self._db.close()
+
+
+def _split_rows(count: int, text: str | None) -> list[tuple[str, str, str]] | None:
+    """The rows `_LOOKUP` joined, or ``None`` where they do not split into ``count`` rows of three fields."""
+    if not count:
+        return []
+    if text is None:
+        return None  # a NULL value left its row out of the text
+    items = text.split("\x1e")
+    if len(items) != count:
+        return None
+    rows = []
+    for item in items:
+        fields = item.split("\x1f", 2)
+        if len(fields) != 3:
+            return None
+        rows.append((fields[0], fields[1], fields[2]))
+    return rows
 
 
 def open_cache(cache: ResponseCache | str | os.PathLike[str]) -> ResponseCache:

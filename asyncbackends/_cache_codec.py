@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import json.encoder
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._chat import Tool, image_digest
@@ -67,12 +68,15 @@ class Keyer:
     equal ones, and the params are most of the work.
     """
 
-    __slots__ = ("_params", "_prefix")
+    __slots__ = ("_last", "_params", "_prefix")
 
     def __init__(self, backend: AsyncBackend) -> None:
         fingerprint = json.dumps(backend_fingerprint(backend), sort_keys=True, default=str)
         self._prefix = hashlib.sha256(f"[{fingerprint}, ".encode())
         self._params: dict[SamplingParams, str] = {}
+        # The last params written, by identity: an eval's requests usually share one params object, and
+        # hashing a SamplingParams (every field) to find it by value costs more than the rest of the key.
+        self._last: tuple[SamplingParams, str] | None = None
 
     def __call__(self, request: Request) -> str:
         digest = self._prefix.copy()
@@ -89,21 +93,30 @@ class Keyer:
         if not _DIRECT or not (type(prompt) is str or (prompt and type(prompt[0]) is int)):
             return None
         params = request.params
-        try:
-            # By value: equal params write equal JSON (their numbers are normalised when built), except in
-            # a JSON Schema, where 1 == 1.0 but each is written as given: those are not looked up.
-            written = self._params[params] if params.json_schema is None else None
-        except KeyError:
-            written = None
-        if written is None:
-            if len(self._params) >= _PARAMS_KEPT:
-                self._params.clear()
-            written = json.dumps(plain(params), sort_keys=True, default=str)
+        last = self._last
+        if last is not None and last[0] is params:
+            written: str | None = last[1]
+        else:
+            try:
+                # By value: equal params write equal JSON (their numbers are normalised when built), except
+                # in a JSON Schema, where 1 == 1.0 but each is written as given: those are not looked up.
+                written = self._params[params] if params.json_schema is None else None
+            except KeyError:
+                written = None
+            if written is None:
+                if len(self._params) >= _PARAMS_KEPT:
+                    self._params.clear()
+                written = json.dumps(plain(params), sort_keys=True, default=str)
+                if params.json_schema is None:
+                    self._params[params] = written
             if params.json_schema is None:
-                self._params[params] = written
+                self._last = (params, written)
         # sort_keys order: "adapter" (written only when set) comes before "params".
         adapter = "" if request.adapter is None else f'"adapter": {json.dumps(request.adapter)}, '
-        text = f'{{{adapter}"params": {written}, "prompt": {json.dumps(prompt)}'
+        # A str prompt quoted by the function json.dumps calls for one (the same text, without the
+        # encoder json.dumps builds per call); token ids through json.dumps.
+        quoted = _quote(prompt) if type(prompt) is str else json.dumps(prompt)
+        text = f'{{{adapter}"params": {written}, "prompt": {quoted}'
         if request.tool_choice != "auto":
             text += f', "tool_choice": {json.dumps(request.tool_choice)}'
         if request.tools:
@@ -112,6 +125,7 @@ class Keyer:
 
 
 _PARAMS_KEPT = 256
+_quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
 # The direct path writes exactly these fields; a field added to the request type falls back to the general
 # path (which writes every field) until the direct one is taught it.
 _DIRECT = tuple(f.name for f in dataclasses.fields(GenerationRequest)) == (
@@ -234,7 +248,25 @@ def encode_result(result: Result) -> tuple[str, str]:
     return type(result).__name__, _dumps(data)
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), default=_jsonable).encode
+def _compact_dumps() -> Callable[[Any], str]:
+    """``json.dumps(data, separators=(",", ":"), default=_jsonable)``, with one encoder for every result.
+
+    `json.JSONEncoder.encode` builds a new C encoder for each call (a fifth of a result's encoding here);
+    the cache's writer encodes every result it stores, on the thread that shares the GIL with the loop. No
+    cycle check: a result is a tree. Where the C encoder is missing (not CPython), the plain encoder.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(separators=(",", ":"), default=_jsonable).encode
+    encoder = make(None, _jsonable, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+    def dumps(data: Any) -> str:
+        return "".join(encoder(data, 0))
+
+    return dumps
+
+
+_dumps = _compact_dumps()
 
 
 def _completion_data(c: Completion) -> dict[str, Any]:
@@ -292,9 +324,15 @@ def _tuple(values: Any) -> tuple[Any, ...] | None:
     return None if values is None else tuple(values)
 
 
+_decoder = json.JSONDecoder()
+
+
 def decode_result(kind: str, value: str, request_id: str | None) -> Result:
-    data = json.loads(value)
-    data["request_id"] = request_id
+    # raw_decode: the scanner without json.loads' two whitespace matches per call (a resume decodes one
+    # result per request); what it leaves unread is checked here instead.
+    data, end = _decoder.raw_decode(value)
+    if end != len(value):
+        raise ValueError(f"extra data after a stored result at {end}")
     if kind == "GenerationResult":
         # Positional and without empty generators: a resume decodes one result per request.
         return GenerationResult(
@@ -306,6 +344,7 @@ def decode_result(kind: str, value: str, request_id: str | None) -> Result:
             data.get("cached_prompt_tokens"),  # usage stored with the result: a resumed run's ledger is whole
         )
     if kind == "LoglikelihoodResult":
+        data["request_id"] = request_id
         data["token_logprobs"] = _tuple(data.get("token_logprobs"))
         return LoglikelihoodResult(**data)
     raise ValueError(f"unknown result kind {kind!r}")

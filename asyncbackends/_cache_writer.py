@@ -52,7 +52,9 @@ class GroupWriter:
     ) -> None:
         self._commit, self.window, self.max_rows = commit, window, max_rows
         self.backlog = Gate(backlog)  # results queued, not yet committed: a run waits while it is full
-        self._changed = threading.Condition()
+        # `put` takes the plain lock (a C call, once per result on the loop); the condition shares it.
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._waiting: dict[str, Row] = {}
         self._writing: Mapping[str, Row] = {}  # the group being committed, readable until it is
         self._first = 0.0  # when the oldest waiting result arrived
@@ -62,17 +64,20 @@ class GroupWriter:
 
     def put(self, key: str, row: Row) -> None:
         """Queue a result for the next group; never blocks on SQLite."""
-        with self._changed:
+        with self._lock:
+            waiting = self._waiting  # read under the lock: the writer's thread swaps it for a new group
             if self._closing:
                 raise RuntimeError("the response cache is closed")
-            if not self._waiting:
+            if not waiting:
                 self._first = time.monotonic()
                 self._start()
                 self._changed.notify_all()
-            if key not in self._waiting:  # counted once per waiting entry, as its group will be
-                self.backlog.delivered_one()
-            self._waiting[key] = row
-            if len(self._waiting) == self.max_rows:
+            elif key in waiting:
+                waiting[key] = row
+                return  # counted once per waiting entry, as its group will be
+            waiting[key] = row
+            self.backlog.delivered += 1
+            if len(waiting) == self.max_rows:
                 self._changed.notify_all()
 
     def get(self, key: str) -> Row | None:

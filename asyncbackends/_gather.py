@@ -188,7 +188,7 @@ async def as_completed(
     ``requests`` may be a generator (any iterable that is not a sequence): it is then streamed, taken one
     request per freed slot and never made into a list, and the run sends nothing more while the results
     delivered and not yet read reach its concurrency, so a run of a million requests holds about
-    ``concurrency`` requests and results at a time, whatever N (with a ``cache``, one lookup chunk of 512
+    ``concurrency`` requests and results at a time, whatever N (with a ``cache``, two lookup chunks of 512
     requests more; the progress bar counts up, its total unknown). The index is the request's position in
     the iterable. The generator is advanced on the shared loop's thread, between requests: it should not
     block. A sequence (a list) is run as `gather` runs it, its results queued for the reader however fast

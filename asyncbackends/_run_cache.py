@@ -3,10 +3,11 @@
 `misses` is the iterator a run's workers pull ``(index, request)`` pairs from when the run has a cache. It
 reads the run's own pairs (`_run_feed`: a sequence, or a caller's generator) a chunk at a time: each
 request's key is computed once (the backend's fingerprint hashed once per run), the chunk's keys are looked
-up in one query, and a hit is delivered on the spot (to the sink, metrics, observer and progress bar, as a
-worker would), so only misses reach the workers, with their keys kept for storing their results. Nothing is
-held beyond one chunk: a resumed run of a million requests streams its cached results to the caller without
-a second copy, and a streamed one (`_run_feed.Gate`) pauses while its caller has ``bound`` results unread.
+up in one query (on the cache's reader thread, the next chunk's while this one is decoded), and a hit is
+delivered on the spot (to the sink, metrics, observer and progress bar, as a worker would), so only misses
+reach the workers, with their keys kept for storing their results. Nothing is held beyond two chunks: a
+resumed run of a million requests streams its cached results to the caller without a second copy, and a
+streamed one (`_run_feed.Gate`) pauses while its caller has ``bound`` results unread.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ._cache import ResponseCache
 from ._cache_codec import Keyer
@@ -48,7 +50,7 @@ class RunState(Protocol):
     ) -> Callable[[int, Any], None]: ...  # a read-only member: the run's own is a plain attribute
 
 
-__all__ = ["CHUNK", "looked_up", "looked_up_pairs", "misses", "settle"]
+__all__ = ["CHUNK", "looked_up", "looked_up_chunks", "misses", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +63,20 @@ def misses(run: RunState, cache: ResponseCache) -> Iterator[Item]:
     A streamed run's caller with ``gate.bound`` results unread gets `PAUSE` between hits: the worker
     waits for room, as it does before taking a miss.
     """
-    gate = run.gate
-    for index, request, key, result in looked_up_pairs(cache, run.backend, run.source, run.metrics):
-        if result is not None:
-            deliver_hit(run, index, request, result)
-            if gate is not None and gate.full():
-                yield PAUSE
-            continue
-        if key is not None and cache.cacheable(request):
-            run.keys[index] = key
-        yield index, request
+    gate, metrics = run.gate, run.metrics
+    for chunk, found in looked_up_chunks(cache, run.backend, run.source, metrics):
+        keys = chunk.keys
+        for index, request in chunk.pairs:
+            key = keys.get(index)
+            row = None if key is None else found.get(key)
+            if row is not None and (result := _read(cache, row, request, metrics)) is not None:
+                deliver_hit(run, index, request, result)
+                if gate is not None and gate.full():
+                    yield PAUSE
+                continue
+            if key is not None and cache.cacheable(request):
+                run.keys[index] = key
+            yield index, request
 
 
 def looked_up(
@@ -78,22 +84,28 @@ def looked_up(
 ) -> Iterator[tuple[int, str | None, Result | None]]:
     """Each request's index, key (``None``: not a request) and stored result (``None``: a miss), in order.
 
-    `looked_up_pairs` over a sequence, for a provider batch's run.
+    For a provider batch's run (which names each request by its key, cacheable or not).
     """
-    for index, _, key, result in looked_up_pairs(cache, backend, enumerate(requests), metrics):
-        yield index, key, result
+    for chunk, found in looked_up_chunks(cache, backend, enumerate(requests), metrics):
+        for index, request in chunk.pairs:
+            key = chunk.keys.get(index)
+            row = None if key is None else found.get(key)
+            yield index, key, None if row is None else _read(cache, row, request, metrics)
 
 
-def looked_up_pairs(
+def looked_up_chunks(
     cache: ResponseCache,
     backend: AsyncBackend,
     pairs: Iterable[tuple[int, Request]],
     metrics: RunMetrics | None,
-) -> Iterator[tuple[int, Request, str | None, Result | None]]:
-    """Each pair's index, request, key (``None``: not a request) and stored result (``None``: a miss).
+) -> Iterator[tuple[_Chunk, dict[str, tuple[str, str]]]]:
+    """``pairs`` a chunk at a time, each with its keys and the stored ``(kind, value)`` found for them.
 
-    Reads ``pairs`` a chunk at a time, one query per chunk of keys; an unreadable entry or database is a
-    miss, counted in ``read_failures`` (and the metrics) and warned once per cause.
+    One query per chunk of keys; an unreadable database is a miss for the whole chunk, counted in
+    ``read_failures`` (and the metrics) and warned once per cause. On a file that holds results, each
+    chunk is looked up on the cache's reader thread (`ResponseCache.lookup`) while the chunk before it is
+    decoded and handed on: SQLite's part runs beside the decoding, so two chunks are read ahead of what is
+    handed on.
     """
     keyer = Keyer(backend)
     # Started on an empty file, a run finds nothing in it but what it stores itself: only the results
@@ -103,32 +115,59 @@ def looked_up_pairs(
     except sqlite3.Error:
         fresh = False  # an unreadable file: each chunk's lookup fails, counted and warned below
     pairs = iter(pairs)
-    while chunk := list(islice(pairs, CHUNK)):
-        keys: dict[int, str] = {}
-        wanted: list[str] = []
-        for index, request in chunk:
-            try:
-                keys[index] = key = keyer(request)
-            except Exception:  # not a request: the worker refuses it with its own error
+    ahead: _Chunk | None = None
+    while True:
+        current: _Chunk | None = None
+        if chunk := list(islice(pairs, CHUNK)):
+            keys: dict[int, str] = {}
+            wanted: list[str] = []
+            for index, request in chunk:
+                try:
+                    keys[index] = key = keyer(request)
+                except Exception:  # not a request: the worker refuses it with its own error
+                    continue
+                if cache.cacheable(request):
+                    wanted.append(key)
+            if fresh:  # only the queued results: nothing to wait for, nothing to read ahead
+                current = _Chunk(chunk, keys, wanted, None)
+                yield current, _found(cache, current, metrics)
                 continue
-            if cache.cacheable(request):
-                wanted.append(key)
-        try:
-            found = cache.stored(wanted, queued_only=fresh)
-        except sqlite3.Error as exc:
-            # An unreadable database: every request of the chunk is sent (and counted as a failed read).
-            found = {}
-            for _ in wanted:
-                cache.read_failed(exc)
-                if metrics is not None:
-                    metrics.cache_read_failures += 1
-        for index, request in chunk:
-            known = keys.get(index)
-            row = None if known is None else found.get(known)
-            result = None if row is None else cache.read(row[0], row[1], request.request_id)
-            if row is not None and result is None and metrics is not None:
+            current = _Chunk(chunk, keys, wanted, cache.lookup(wanted))
+        if ahead is not None:
+            yield ahead, _found(cache, ahead, metrics)
+        if current is None:
+            return
+        ahead = current
+
+
+class _Chunk(NamedTuple):
+    pairs: list[tuple[int, Request]]
+    keys: dict[int, str]  # index -> key, for each request that has one
+    wanted: list[str]  # the keys of the cacheable requests
+    found: Future[dict[str, tuple[str, str]]] | None  # their lookup on the reader thread; None: queued only
+
+
+def _found(cache: ResponseCache, chunk: _Chunk, metrics: RunMetrics | None) -> dict[str, tuple[str, str]]:
+    """``chunk``'s stored rows by key, once its lookup has ended; none if the database can't be read."""
+    try:
+        return chunk.found.result() if chunk.found else cache.stored(chunk.wanted, queued_only=True)
+    except sqlite3.Error as exc:
+        # An unreadable database: every request of the chunk is sent (and counted as a failed read).
+        for _ in chunk.wanted:
+            cache.read_failed(exc)
+            if metrics is not None:
                 metrics.cache_read_failures += 1
-            yield index, request, known, result
+        return {}
+
+
+def _read(
+    cache: ResponseCache, row: tuple[str, str], request: Request, metrics: RunMetrics | None
+) -> Result | None:
+    """A stored row as ``request``'s result; ``None`` (counted in the metrics too) if unreadable."""
+    result = cache.read(row[0], row[1], request.request_id)
+    if result is None and metrics is not None:
+        metrics.cache_read_failures += 1
+    return result
 
 
 def deliver_hit(run: RunState, index: int, request: Request, result: Result) -> None:

@@ -2,7 +2,7 @@
 
 A run reads its requests through one iterator of ``(index, request)`` pairs, shared by its workers; each
 takes the next pair only when it is free, so a generator handed to `as_completed` is advanced one request
-per freed slot (a cached run reads one lookup chunk ahead), never materialised. A streamed run knows no
+per freed slot (a cached run reads two lookup chunks ahead), never materialised. A streamed run knows no
 total: its progress bar counts up, and ``RunMetrics.requests`` counts the requests as they are taken.
 
 `Gate` is the other half of streaming: a count of what was handed on and not yet taken, which a run waits on

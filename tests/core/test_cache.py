@@ -343,6 +343,39 @@ def test_an_entry_of_an_unknown_kind_is_a_miss_that_names_the_kind(tmp_path: Pat
         cache.close()
 
 
+def test_damaged_entries_among_good_ones_are_sent_again_and_the_rest_read(
+    tmp_path: Path, make_mock: Any
+) -> None:
+    # A chunk is read as one text joined with ASCII RS and US (`_cache._LOOKUP`): values holding those raw,
+    # or not text at all, must cost only their own entries, never their chunk's.
+    path = tmp_path / "c.sqlite"
+    requests = [ab.GenerationRequest(f"p{i}", request_id=f"r{i}") for i in range(30)]
+    first = ab.run_batch(make_mock(), requests, cache=path)
+    damaged = {
+        3: "value || char(30) || 'tail'",  # a row separator inside a value
+        7: "'x' || char(31) || char(30) || char(31)",  # both separators
+        11: "X'80ff'",  # a blob that is not UTF-8
+        12: "CAST(value AS BLOB)",  # a blob holding a good result
+    }
+    backend = make_mock()
+    cache = ab.ResponseCache(path)
+    try:
+        for index, expression in damaged.items():
+            key = cache.key(backend, requests[index])
+            cache._db.execute(f"UPDATE results SET value = {expression} WHERE key = ?", (key,))
+        kinds = cache._db.execute("SELECT typeof(value), count(*) FROM results GROUP BY 1").fetchall()
+        assert sorted(kinds) == [("blob", 2), ("text", 28)]
+        metrics = ab.RunMetrics()
+        with pytest.warns(CacheReadWarning):
+            results = ab.run_batch(backend, requests, cache=cache, metrics=metrics)
+    finally:
+        cache.close()
+    assert [r.text for r in results] == [r.text for r in first] == [f"p{i}" for i in range(30)]
+    assert {key for key, count in backend.attempts.items() if count} == {f"r{i}" for i in damaged}
+    assert sum(backend.attempts.values()) == len(damaged)
+    assert metrics.cache_hits == 30 - len(damaged) and metrics.cache_read_failures == len(damaged)
+
+
 class Fingerprinted(ab.BaseBackend):
     name = "fingerprinted"
 
