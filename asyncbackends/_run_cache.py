@@ -74,7 +74,7 @@ def misses(run: RunState, cache: ResponseCache) -> Iterator[Item]:
                 if gate is not None and gate.full():
                     yield PAUSE
                 continue
-            if key is not None and cache.cacheable(request):
+            if key is not None and index not in chunk.uncached:
                 run.keys[index] = key
             yield index, request
 
@@ -121,6 +121,7 @@ def looked_up_chunks(
         if chunk := list(islice(pairs, CHUNK)):
             keys: dict[int, str] = {}
             wanted: list[str] = []
+            uncached: set[int] = set()
             for index, request in chunk:
                 try:
                     keys[index] = key = keyer(request)
@@ -128,11 +129,13 @@ def looked_up_chunks(
                     continue
                 if cache.cacheable(request):
                     wanted.append(key)
+                else:
+                    uncached.add(index)
             if fresh:  # only the queued results: nothing to wait for, nothing to read ahead
-                current = _Chunk(chunk, keys, wanted, None)
+                current = _Chunk(chunk, keys, wanted, uncached, None)
                 yield current, _found(cache, current, metrics)
                 continue
-            current = _Chunk(chunk, keys, wanted, cache.lookup(wanted))
+            current = _Chunk(chunk, keys, wanted, uncached, cache.lookup(wanted))
         if ahead is not None:
             yield ahead, _found(cache, ahead, metrics)
         if current is None:
@@ -144,6 +147,7 @@ class _Chunk(NamedTuple):
     pairs: list[tuple[int, Request]]
     keys: dict[int, str]  # index -> key, for each request that has one
     wanted: list[str]  # the keys of the cacheable requests
+    uncached: set[int]  # the indexes of those that are not (unseeded sampling): never stored
     found: Future[dict[str, tuple[str, str]]] | None  # their lookup on the reader thread; None: queued only
 
 
