@@ -114,6 +114,8 @@ class ResponseCache(BatchRecords, CacheAdmin):
         self._warned: set[str] = set()
         self._writer = GroupWriter(self._commit_group)
         self._reader: ThreadPoolExecutor | None = None  # made by the first `lookup`
+        self._reader_lock = threading.Lock()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -155,7 +157,9 @@ class ResponseCache(BatchRecords, CacheAdmin):
                 try:
                     count, text = self._db.execute(_LOOKUP.format(marks), chunk).fetchone()
                     rows = _split_rows(count, text)
-                except sqlite3.OperationalError:  # a value that is not UTF-8 text: read row by row
+                except sqlite3.Error:
+                    # A value that is not UTF-8 text, or a chunk too long for one string (SQLite's length
+                    # limit, 1e9 bytes): read row by row, which raises again if the file itself is broken.
                     rows = None
                 if rows is None:
                     rows = self._db.execute(_LOOKUP_ROWS.format(marks), chunk).fetchall()
@@ -167,11 +171,20 @@ class ResponseCache(BatchRecords, CacheAdmin):
 
     def lookup(self, keys: Sequence[str]) -> Future[dict[str, tuple[str, str]]]:
         """`stored` on the cache's reader thread: a run decodes a chunk while SQLite reads the next."""
-        with self._lock:
-            if self._reader is None:
+        # Its own lock, not the file's: the writer holds that through each group's commit.
+        with self._reader_lock:
+            if self._reader is None and not self._closed:
                 self._reader = ThreadPoolExecutor(1, thread_name_prefix="asyncbackends-cache-reader")
             reader = self._reader
-        return reader.submit(self.stored, keys)
+        if reader is not None:
+            with contextlib.suppress(RuntimeError):  # shut down by a `close` since: looked up here instead
+                return reader.submit(self.stored, keys)
+        looked_up: Future[dict[str, tuple[str, str]]] = Future()
+        try:
+            looked_up.set_result(self.stored(keys))
+        except sqlite3.Error as exc:  # closed: the caller counts each key as a failed read, as before
+            looked_up.set_exception(exc)
+        return looked_up
 
     def empty(self) -> bool:
         """Whether no result is stored or queued."""
@@ -337,8 +350,8 @@ class ResponseCache(BatchRecords, CacheAdmin):
     def close(self) -> None:
         """Commit what is queued, end the lookups under way, then close the database connection."""
         self._writer.close()
-        with self._lock:
-            reader, self._reader = self._reader, None
+        with self._reader_lock:
+            reader, self._reader, self._closed = self._reader, None, True
         if reader is not None:
             reader.shutdown(wait=True)
         with self._lock:

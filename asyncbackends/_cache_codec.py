@@ -329,10 +329,15 @@ _decoder = json.JSONDecoder()
 
 def decode_result(kind: str, value: str, request_id: str | None) -> Result:
     # raw_decode: the scanner without json.loads' two whitespace matches per call (a resume decodes one
-    # result per request); what it leaves unread is checked here instead.
-    data, end = _decoder.raw_decode(value)
-    if end != len(value):
-        raise ValueError(f"extra data after a stored result at {end}")
+    # result per request). What it does not take as a whole (bytes, whitespace around the JSON: a file
+    # written by another tool) goes to json.loads, which accepts what it accepted before or says why not.
+    try:
+        data, end = _decoder.raw_decode(value)
+        whole = end == len(value)
+    except (ValueError, TypeError):
+        whole = False
+    if not whole:
+        data = json.loads(value)
     if kind == "GenerationResult":
         # Positional and without empty generators: a resume decodes one result per request.
         return GenerationResult(

@@ -117,8 +117,14 @@ def looked_up_chunks(
     pairs = iter(pairs)
     ahead: _Chunk | None = None
     while True:
+        chunk: list[tuple[int, Request]] = []
+        error: Exception | None = None
+        try:
+            chunk.extend(islice(pairs, CHUNK))  # what the source gave stays in `chunk` if it then raises
+        except Exception as exc:
+            error = exc  # raised once every request the source gave before it is handled, as without a cache
         current: _Chunk | None = None
-        if chunk := list(islice(pairs, CHUNK)):
+        if chunk:
             keys: dict[int, str] = {}
             wanted: list[str] = []
             uncached: set[int] = set()
@@ -131,14 +137,17 @@ def looked_up_chunks(
                     wanted.append(key)
                 else:
                     uncached.add(index)
-            if fresh:  # only the queued results: nothing to wait for, nothing to read ahead
-                current = _Chunk(chunk, keys, wanted, uncached, None)
-                yield current, _found(cache, current, metrics)
-                continue
-            current = _Chunk(chunk, keys, wanted, uncached, cache.lookup(wanted))
+            # On an empty file only the queued results are looked at: nothing to wait for or read ahead.
+            current = _Chunk(chunk, keys, wanted, uncached, None if fresh else cache.lookup(wanted))
         if ahead is not None:
             yield ahead, _found(cache, ahead, metrics)
-        if current is None:
+            ahead = None
+        if current is not None and (fresh or error is not None):
+            yield current, _found(cache, current, metrics)
+            current = None
+        if error is not None:
+            raise error
+        if current is None and not chunk:
             return
         ahead = current
 

@@ -132,6 +132,32 @@ def test_a_resume_from_the_cache_sends_nothing_and_streams_its_hits(make_mock: A
     assert ahead <= 3 * CONCURRENCY + 2 * CHUNK
 
 
+@pytest.mark.parametrize("fail_at", [CHUNK - 5, CHUNK + 88, 2 * CHUNK])
+def test_a_source_raising_after_cached_requests_delivers_each_of_them_first(
+    make_mock: Any, tmp_path: Path, fail_at: int
+) -> None:
+    # A file that holds results is looked up two chunks ahead (one on the cache's reader thread): the
+    # chunk the source broke in, and the one before it, are still delivered before its error.
+    path = tmp_path / "run.sqlite"
+    first, _ = asyncio.run(read_all(make_mock(), Counted(3 * CHUNK), cache=path))
+    backend: MockBackend = make_mock()
+    seen: list[tuple[int, Any]] = []
+
+    async def resumed() -> None:
+        generator: Any = ab.as_completed(
+            backend, iter(Counted(3 * CHUNK, fail_at=fail_at)), concurrency=CONCURRENCY, cache=path
+        )
+        async with contextlib.aclosing(generator) as items:
+            async for item in items:
+                seen.append(item)
+
+    with pytest.raises(RuntimeError, match=f"the source broke at {fail_at}"):
+        asyncio.run(resumed())
+    assert sorted(index for index, _ in seen) == list(range(fail_at))  # every one, each once
+    assert texts(seen) == texts(first)[:fail_at]
+    assert sum(backend.attempts.values()) == 0  # all of them from the file
+
+
 @pytest.mark.parametrize("how", ["the source raises", "the reader leaves"])
 def test_a_stream_ended_midway_loses_nothing(make_mock: Any, tmp_path: Path, how: str) -> None:
     path = tmp_path / "run.sqlite"

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import stat
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -343,28 +345,32 @@ def test_an_entry_of_an_unknown_kind_is_a_miss_that_names_the_kind(tmp_path: Pat
         cache.close()
 
 
+@pytest.mark.parametrize("neighbour", ["text", "not UTF-8"])
 def test_damaged_entries_among_good_ones_are_sent_again_and_the_rest_read(
-    tmp_path: Path, make_mock: Any
+    tmp_path: Path, make_mock: Any, neighbour: str
 ) -> None:
     # A chunk is read as one text joined with ASCII RS and US (`_cache._LOOKUP`): values holding those raw,
-    # or not text at all, must cost only their own entries, never their chunk's.
+    # or not text at all, must cost only their own entries, never their chunk's; and whether an entry is
+    # read must not depend on its neighbours (a blob that is not UTF-8 sends the chunk row by row).
     path = tmp_path / "c.sqlite"
     requests = [ab.GenerationRequest(f"p{i}", request_id=f"r{i}") for i in range(30)]
     first = ab.run_batch(make_mock(), requests, cache=path)
     damaged = {
         3: "value || char(30) || 'tail'",  # a row separator inside a value
         7: "'x' || char(31) || char(30) || char(31)",  # both separators
-        11: "X'80ff'",  # a blob that is not UTF-8
-        12: "CAST(value AS BLOB)",  # a blob holding a good result
+    }
+    if neighbour == "not UTF-8":
+        damaged[11] = "X'80ff'"
+    readable = {
+        12: "CAST(value AS BLOB)",  # a blob holding a good result, as json.loads reads it
+        13: "' ' || value || char(10)",  # whitespace around the JSON, as another tool may write it
     }
     backend = make_mock()
     cache = ab.ResponseCache(path)
     try:
-        for index, expression in damaged.items():
+        for index, expression in {**damaged, **readable}.items():
             key = cache.key(backend, requests[index])
             cache._db.execute(f"UPDATE results SET value = {expression} WHERE key = ?", (key,))
-        kinds = cache._db.execute("SELECT typeof(value), count(*) FROM results GROUP BY 1").fetchall()
-        assert sorted(kinds) == [("blob", 2), ("text", 28)]
         metrics = ab.RunMetrics()
         with pytest.warns(CacheReadWarning):
             results = ab.run_batch(backend, requests, cache=cache, metrics=metrics)
@@ -374,6 +380,49 @@ def test_damaged_entries_among_good_ones_are_sent_again_and_the_rest_read(
     assert {key for key, count in backend.attempts.items() if count} == {f"r{i}" for i in damaged}
     assert sum(backend.attempts.values()) == len(damaged)
     assert metrics.cache_hits == 30 - len(damaged) and metrics.cache_read_failures == len(damaged)
+
+
+def test_a_chunk_longer_than_sqlites_string_limit_is_read_row_by_row(tmp_path: Path, make_mock: Any) -> None:
+    # Long generations make long rows: 20 of ~120 KB joined pass a 1 MB length limit (SQLite's default is
+    # 1e9, reached by 500 rows of 2 MB), which must cost nothing but the joined read.
+    path = tmp_path / "c.sqlite"
+    params = ab.SamplingParams(max_tokens=30_000)  # the mock echoes the prompt up to max_tokens
+    requests = [ab.GenerationRequest(f"{i} " + "x" * 20_000, params, request_id=f"r{i}") for i in range(20)]
+    first = ab.run_batch(make_mock(), requests, cache=path)
+    cache = ab.ResponseCache(path)
+    try:
+        assert cache._db.execute("SELECT sum(length(value)) FROM results").fetchone()[0] > 2_000_000
+        cache._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        backend = make_mock()
+        metrics = ab.RunMetrics()
+        results = ab.run_batch(backend, requests, cache=cache, metrics=metrics)
+    finally:
+        cache.close()
+    assert [r.text for r in results] == [r.text for r in first]
+    assert metrics.cache_hits == 20 and sum(backend.attempts.values()) == 0
+
+
+def test_the_reader_thread_ends_with_the_cache_and_a_lookup_after_close_starts_none(
+    tmp_path: Path, make_mock: Any
+) -> None:
+    path = tmp_path / "c.sqlite"
+    requests = [ab.GenerationRequest(f"p{i}") for i in range(3)]
+    ab.run_batch(make_mock(), requests, cache=path)
+    cache = ab.ResponseCache(path)
+    keys = [cache.key(make_mock(), r) for r in requests]
+
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("asyncbackends-cache-reader")]
+
+    before = set(readers())
+    assert set(cache.lookup(keys).result()) == set(keys)  # read on the reader thread
+    assert len(set(readers()) - before) == 1
+    cache.close()
+    assert not set(readers()) - before
+    late = cache.lookup(keys)
+    with pytest.raises(sqlite3.ProgrammingError):  # closed: each key a failed read for the run, as before
+        late.result()
+    assert not set(readers()) - before
 
 
 class Fingerprinted(ab.BaseBackend):
