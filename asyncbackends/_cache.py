@@ -145,10 +145,14 @@ class ResponseCache(BatchRecords, CacheAdmin):
         reads rows, not at one round trip per request. ``queued_only``: look among the results waiting
         for their commit only (a run that started on an empty file).
         """
-        if queued_only:
-            # Nothing to read from the file, so no wait for its lock: the writer holds it while it commits
-            # a group (tens of ms), which stalled a new cache's run at every chunk's lookup.
-            return {key: encode_result(result) for key, (result, _) in self._writer.get_many(keys).items()}
+        # Queued only: nothing to read from the file, so no wait for its lock (the writer holds it while it
+        # commits a group, tens of ms, which stalled a new cache's run at every chunk's lookup).
+        found = {} if queued_only else self._stored_in_file(keys)
+        for key, (result, _) in self._writer.get_many(keys).items():
+            found[key] = encode_result(result)
+        return found
+
+    def _stored_in_file(self, keys: Sequence[str]) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
         for start in range(0, len(keys), _KEYS_PER_QUERY):
             chunk = keys[start : start + _KEYS_PER_QUERY]
@@ -165,8 +169,6 @@ class ResponseCache(BatchRecords, CacheAdmin):
                     rows = self._db.execute(_LOOKUP_ROWS.format(marks), chunk).fetchall()
             for key, kind, value in rows:
                 found[key] = (kind, value)
-        for key, (result, _) in self._writer.get_many(keys).items():
-            found[key] = encode_result(result)
         return found
 
     def lookup(self, keys: Sequence[str]) -> Future[dict[str, tuple[str, str]]]:

@@ -94,23 +94,7 @@ class Keyer:
             return None
         params = request.params
         last = self._last
-        if last is not None and last[0] is params:
-            written: str | None = last[1]
-        else:
-            try:
-                # By value: equal params write equal JSON (their numbers are normalised when built), except
-                # in a JSON Schema, where 1 == 1.0 but each is written as given: those are not looked up.
-                written = self._params[params] if params.json_schema is None else None
-            except KeyError:
-                written = None
-            if written is None:
-                if len(self._params) >= _PARAMS_KEPT:
-                    self._params.clear()
-                written = json.dumps(plain(params), sort_keys=True, default=str)
-                if params.json_schema is None:
-                    self._params[params] = written
-            if params.json_schema is None:
-                self._last = (params, written)
+        written = last[1] if last is not None and last[0] is params else self._params_json(params)
         # sort_keys order: "adapter" (written only when set) comes before "params".
         adapter = "" if request.adapter is None else f'"adapter": {json.dumps(request.adapter)}, '
         # A str prompt quoted by the function json.dumps calls for one (the same text, without the
@@ -122,6 +106,20 @@ class Keyer:
         if request.tools:
             text += f', "tools": {json.dumps(_plain_tools(request.tools), sort_keys=True, default=str)}'
         return text + ', "type": "GenerationRequest"}'
+
+    def _params_json(self, params: SamplingParams) -> str:
+        """``params`` as sort_keys JSON, kept by value (the last one also by identity, `_last`)."""
+        # By value: equal params write equal JSON (their numbers are normalised when built), except in a
+        # JSON Schema, where 1 == 1.0 but each is written as given: those are not kept.
+        if params.json_schema is not None:
+            return json.dumps(plain(params), sort_keys=True, default=str)
+        written = self._params.get(params)
+        if written is None:
+            if len(self._params) >= _PARAMS_KEPT:
+                self._params.clear()
+            written = self._params[params] = json.dumps(plain(params), sort_keys=True, default=str)
+        self._last = (params, written)
+        return written
 
 
 _PARAMS_KEPT = 256

@@ -76,7 +76,7 @@ class GroupWriter:
                 waiting[key] = row
                 return  # counted once per waiting entry, as its group will be
             waiting[key] = row
-            self.backlog.delivered += 1
+            self.backlog.delivered_one()
             if len(waiting) == self.max_rows:
                 self._changed.notify_all()
 

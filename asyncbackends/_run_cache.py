@@ -147,7 +147,7 @@ def looked_up_chunks(
             current = None
         if error is not None:
             raise error
-        if current is None and not chunk:
+        if not chunk:
             return
         ahead = current
 
