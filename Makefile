@@ -44,8 +44,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# pytest on 2 processes (pytest-xdist): the suite mostly waits (engines and servers starting, timers), so two
+# workers fill a 2-core machine that one leaves half idle. Tests that share an engine or server share a worker
+# (tests/worker_groups.py). `make unit TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
+
 unit: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site

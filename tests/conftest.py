@@ -13,19 +13,25 @@ import pytest
 import asyncbackends as ab
 from asyncbackends.adapters.mock import MockBackend
 
+from .worker_groups import mark_worker_groups
+
 SHARED_SETUP_TIMEOUT = 600
 """Seconds the first test to use a shared fixture may take (pyproject.toml's 120 s for the others)."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give the test that sets up a shared fixture (session, package, module or class scope) 600 s.
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups' markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give the test that sets up a shared fixture (session, package, module or class scope) 600 s, and
+    tie the tests that share one to one xdist worker (`tests.worker_groups`).
 
     Such a fixture starts in whichever test first uses it, under that test's timeout: a vLLM engine, a
     ``vllm serve``, a Ray cluster. On a loaded machine a start took over the suite's 120 s (setup errors,
     though the fixtures' own waits allow minutes); the later tests that share it keep the 120 s. Tests run
     in collection order, so the first item using a fixture (per scope node and parameter) sets it up. A
-    timeout marker of the test's own wins.
+    timeout marker of the test's own wins. On xdist workers this still holds: a fixture's users are one group,
+    run on one worker in collection order.
     """
+    mark_worker_groups(config, items)
     seen: set[tuple[object, ...]] = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures an item uses
