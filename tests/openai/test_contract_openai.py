@@ -1,4 +1,4 @@
-"""The adapter contract suite against the openai adapter and the session's real `vllm serve`."""
+"""The adapter contract suite against the openai adapter and the package's real `vllm serve`."""
 
 from __future__ import annotations
 

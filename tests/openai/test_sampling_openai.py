@@ -1,4 +1,4 @@
-"""The optional sampling parameters through the openai adapter on the session's real `vllm serve`.
+"""The optional sampling parameters through the openai adapter on the package's real `vllm serve`.
 
 Structured output must be valid (a regex matched in full, JSON valid against its schema); vLLM's extra
 fields (penalties, ``min_p``, ``min_tokens``) must reach the engine: ``min_tokens`` equal to ``max_tokens``
