@@ -79,8 +79,8 @@ def group_names(items: list[pytest.Item]) -> dict[int, str]:
         items: The collected tests, in collection order.
 
     Returns:
-        ``id(item)`` to its group's name (the node id of the group's first test, so names are the same on
-        every worker); tests that share no fixture are left out.
+        ``id(item)`` to its group's name (the group's first test's module path and the group's number, so
+        names are the same on every worker); tests that share no fixture are left out.
     """
     parent: dict[object, object] = {}
 
